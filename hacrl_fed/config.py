@@ -125,6 +125,8 @@ class ModelConfig(Strict):
     lora_alpha: PositiveInt = 16
     lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     trust_remote_code: bool = False
+    cache_dir: str | None = None
+    """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
 
 
 class OptimConfig(Strict):
@@ -226,7 +228,8 @@ class ServerConfig(Strict):
     """``hacrl-fed server --config server.toml``."""
 
     run: RunConfig = Field(default_factory=RunConfig)
-    superlink: SuperLinkConfig = Field(default_factory=SuperLinkConfig)
+    superlink: SuperLinkConfig
+    """Required: the secure default needs the TLS file paths (a default section could never validate)."""
     roster: str
     """Roster TOML: agent names → Ed25519 public keys (+ SuperNode EC public keys)."""
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
@@ -282,10 +285,15 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
         if kind == "extra_forbidden":
             msg = "unknown key"
         elif kind == "missing":
-            msg = "required key is missing"
-        else:
-            expected = kind.replace("_parsing", "").replace("_type", "")
+            msg = "item is missing" if e["loc"] and isinstance(e["loc"][-1], int) else "required key is missing"
+        elif kind in ("value_error", "assertion_error"):  # validator messages already say what to change
+            msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        elif kind.endswith(("_type", "_parsing")):
+            expected = kind.removesuffix("_parsing").removesuffix("_type")
+            expected = {"model": "table", "dict": "table"}.get(expected, expected)  # TOML's word
             msg = f"{e['msg']} (expected {expected}, got {e.get('input')!r})"
+        else:  # constraint errors (greater_than, literal_error, too_short …): the message names the bound
+            msg = f"{e['msg']} (got {e.get('input')!r})"
         lines.append(f"{source}: {where}: {msg}")
     return "\n".join(lines)
 
@@ -308,6 +316,8 @@ def load_config(path: str | Path, model: type[M]) -> M:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None
+    except OSError as err:  # a directory, no permission …
+        raise ConfigError(f"{p}: cannot read config file: {err.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{p}: not valid TOML: {err}") from None
     return parse_config(data, model, source=str(p))
