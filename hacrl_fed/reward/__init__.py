@@ -1,0 +1,24 @@
+"""Verifiable rewards: final-answer extraction + math-verify in a killable process pool, tri-state.
+
+Public API: :class:`Verifier` (``verify(responses, references, styles)`` → :class:`Verdict`),
+:func:`check_answer` (one item, in-process, no timeout), :func:`extract_final_answer`,
+:class:`AccuracyReward` / :data:`accuracy_reward` (TRL reward-function API).
+"""
+
+from hacrl_fed.reward.compare import check_answer
+from hacrl_fed.reward.extract import ANSWER_STYLES, Extraction, extract_final_answer, reference_answer
+from hacrl_fed.reward.verdict import VERDICT_PROTO_NAMES, Verdict
+from hacrl_fed.reward.verifier import AccuracyReward, Verifier, accuracy_reward
+
+__all__ = [
+    "ANSWER_STYLES",
+    "VERDICT_PROTO_NAMES",
+    "AccuracyReward",
+    "Extraction",
+    "Verdict",
+    "Verifier",
+    "accuracy_reward",
+    "check_answer",
+    "extract_final_answer",
+    "reference_answer",
+]

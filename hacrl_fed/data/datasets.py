@@ -1,0 +1,302 @@
+"""Problem loading: JSONL / JSON / parquet files, Hugging Face ``datasets``, or the built-in generator.
+
+Column conventions understood per row (first match wins):
+
+=============  ===========================================  ===============================  ===============
+convention     problem text                                 reference answer                 id
+=============  ===========================================  ===============================  ===============
+ours           ``problem``                                  ``answer``                       ``id``
+GSM8K (HF)     ``question``                                 ``answer`` (text after ``####``)  —
+TRL            ``prompt`` (string, or chat list: last user  ``solution`` (last ``\\boxed{}``)  —
+               turn)                                        or ``answer``
+verl           ``prompt`` (chat list)                       ``reward_model.ground_truth``    ``extra_info.index``
+=============  ===========================================  ===============================  ===============
+
+Rows without an id get ``<file stem>-<line>``. Optional ``answer_style`` (``boxed``/``gsm8k``) and
+``source``/``data_source`` columns are kept. A bad row raises :class:`DataError` naming the file
+and line (JSONL) or row (parquet, datasets).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hacrl_fed.data.arithmetic import iter_problems
+from hacrl_fed.data.problem import DataError, Problem
+from hacrl_fed.data.sampler import PromptSampler
+from hacrl_fed.reward.extract import ANSWER_STYLES, reference_answer
+
+if TYPE_CHECKING:
+    from hacrl_fed.config import DataConfig
+
+__all__ = [
+    "DataError",
+    "Problem",
+    "PromptSampler",
+    "load_file",
+    "load_hf",
+    "load_problems",
+    "problems_from_rows",
+    "split_held_out",
+]
+
+log = logging.getLogger(__name__)
+
+HELD_OUT_LABEL = "held-out"
+"""Seed label of the held-out selection: the same held-out problems for every run seed."""
+
+
+def _text_of(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal-style parts [{"type": "text", "text": ...}]
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
+        return "".join(parts) if parts else None
+    return None
+
+
+def _problem_text(row: dict[str, Any]) -> str:
+    for key in ("problem", "question"):
+        if isinstance(row.get(key), str):
+            return row[key]
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        text = _text_of(users[-1].get("content")) if users else None
+        if text is None:
+            raise ValueError("'prompt' chat list has no user message with text content")
+        return text
+    raise ValueError("no problem text: expected a 'problem', 'question' or 'prompt' column")
+
+
+def _answer_text(row: dict[str, Any]) -> str:
+    value: Any = None
+    for key in ("answer", "solution"):
+        if row.get(key) is not None:
+            value = row[key]
+            break
+    else:
+        rm = row.get("reward_model")
+        if isinstance(rm, str):
+            try:
+                rm = json.loads(rm)
+            except json.JSONDecodeError:
+                rm = None
+        if isinstance(rm, dict):
+            value = rm.get("ground_truth")
+        if value is None:
+            raise ValueError("no answer: expected an 'answer', 'solution' or 'reward_model.ground_truth' column")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"answer must be a string or number, got {type(value).__name__}")
+    if isinstance(value, float):
+        value = str(int(value)) if value.is_integer() else repr(value)
+    answer = reference_answer(str(value))
+    if not answer:
+        raise ValueError("empty answer")
+    return answer
+
+
+def _row_id(row: dict[str, Any], stem: str, number: int) -> str:
+    rid = row.get("id")
+    if isinstance(rid, (str, int)) and not isinstance(rid, bool) and str(rid).strip():
+        return str(rid).strip()
+    extra = row.get("extra_info")
+    if isinstance(extra, dict) and isinstance(extra.get("index"), (str, int)):
+        return f"{row.get('data_source') or stem}-{extra['index']}"
+    return f"{stem}-{number}"
+
+
+def problems_from_rows(rows: Iterable[tuple[str, Any]], *, stem: str, answer_style: str = "boxed") -> list[Problem]:
+    """Convert ``(where, row)`` pairs to problems. ``where`` (e.g. ``data.jsonl:12``) prefixes every
+    error; ``stem`` names rows without an id. Raises :class:`DataError` for a bad row or duplicate id."""
+    if answer_style not in ANSWER_STYLES:
+        raise DataError(f"unknown answer style {answer_style!r}; expected one of {ANSWER_STYLES}")
+    out: list[Problem] = []
+    first_seen: dict[str, str] = {}
+    for i, (where, row) in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object with named columns, got {type(row).__name__}")
+        try:
+            text = _problem_text(row).strip()
+            if not text:
+                raise ValueError("empty problem text")
+            answer = _answer_text(row)
+            style = row.get("answer_style") or answer_style
+            if style not in ANSWER_STYLES:
+                raise ValueError(f"answer_style must be one of {ANSWER_STYLES}, got {style!r}")
+        except ValueError as err:
+            raise DataError(f"{where}: {err}") from None
+        pid = _row_id(row, stem, i + 1)
+        if pid in first_seen:
+            raise DataError(f"{where}: duplicate id {pid!r} (first at {first_seen[pid]})")
+        first_seen[pid] = where
+        source = row.get("source") or row.get("data_source") or ""
+        out.append(Problem(pid, text, answer, style, str(source)))
+    return out
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not valid JSON: {err.msg} (column {err.colno})") from None
+
+
+def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):
+        yield from _jsonl_rows(path)
+        return
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON: {err.msg} (column {err.colno})") from None
+    for i, item in enumerate(items):
+        yield f"{path}: item {i + 1}", item
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+        raise DataError(f"{path}: not a readable parquet file: {err}") from None
+    for i, row in enumerate(table.to_pylist()):
+        yield f"{path}: row {i + 1}", row
+
+
+def _dataset_rows(ds: Any, label: str) -> Iterator[tuple[str, Any]]:
+    for i, row in enumerate(ds):
+        yield f"{label}: row {i + 1}", row
+
+
+def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "boxed") -> list[Problem]:
+    """Load a Hugging Face dataset: a ``save_to_disk`` directory (``Dataset`` or ``DatasetDict``) or
+    a ``load_dataset`` name/path. Raises :class:`DataError` (missing split, load failure, bad row)."""
+    import datasets
+
+    path = Path(name_or_path)
+    label = f"{name_or_path} [{split}]"
+    try:
+        if path.is_dir() and any((path / f).exists() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.load_dataset(name_or_path, split=split)
+    except Exception as err:  # noqa: BLE001 - datasets raises many types (hub, file, format)
+        raise DataError(f"{name_or_path}: could not load dataset (split {split!r}): {err}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{name_or_path}: no split {split!r}; available: {', '.join(ds)}")
+        ds = ds[split]
+    return problems_from_rows(_dataset_rows(ds, label), stem=path.name or name_or_path, answer_style=answer_style)
+
+
+def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "train") -> list[Problem]:
+    """Load problems from ``.jsonl``, ``.json`` (JSON lines or an array), ``.parquet``, or a
+    ``datasets.save_to_disk`` directory (``split`` picks from a ``DatasetDict``).
+
+    Raises :class:`DataError` naming the file and line/row for a missing file, bad JSON, a missing
+    column, an empty answer or a duplicate id.
+    """
+    p = Path(path)
+    if p.is_dir():
+        return load_hf(str(p), split, answer_style=answer_style)
+    if not p.is_file():
+        raise DataError(f"{p}: no such data file")
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        rows = _parquet_rows(p)
+    elif suffix == ".json":
+        rows = _json_rows(p)
+    elif suffix in (".jsonl", ".ndjson"):
+        rows = _jsonl_rows(p)
+    else:
+        raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
+    problems = problems_from_rows(rows, stem=p.stem, answer_style=answer_style)
+    if not problems:
+        raise DataError(f"{p}: no problems in file")
+    return problems
+
+
+def split_held_out(problems: list[Problem], eval_size: int) -> tuple[list[Problem], list[Problem]]:
+    """``(train, held_out)``: ``eval_size`` problems with distinct texts are held out (a fixed,
+    seed-independent selection); every problem whose text is held out leaves train, so the two
+    never share a problem text. Train keeps the original order."""
+    texts = sorted({p.problem for p in problems})
+    random.Random(HELD_OUT_LABEL).shuffle(texts)
+    held_texts = set(texts[:eval_size])
+    held, taken = [], set()
+    for p in problems:
+        if p.problem in held_texts and p.problem not in taken:
+            held.append(p)
+            taken.add(p.problem)
+    train = [p for p in problems if p.problem not in held_texts]
+    return train, held
+
+
+def _arithmetic(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    held_out = []
+    for p in iter_problems(cfg.difficulty, HELD_OUT_LABEL):
+        if len(held_out) == cfg.eval_size:
+            break
+        held_out.append(p)
+    held_ids = {p.id for p in held_out}
+    train = []
+    for p in iter_problems(cfg.difficulty, cfg.seed):
+        if len(train) == cfg.num_problems:
+            break
+        if p.id not in held_ids:
+            train.append(p)
+    if len(train) < cfg.num_problems:
+        log.warning("arithmetic level %d has %d training problems besides %d held out (%d requested)",
+                    cfg.difficulty, len(train), len(held_out), cfg.num_problems)
+    return train, held_out
+
+
+def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """``(train, held_out)`` for a run's ``[run.data]`` section.
+
+    * ``arithmetic``: ``num_problems`` generated training problems (seeded by ``cfg.seed``) and
+      ``eval_size`` held-out problems that are the same for every seed; disjoint by construction.
+    * ``file`` / ``hf``: ``cfg.path`` loaded with ``cfg.answer_style``; held out are the first
+      ``eval_size`` rows of ``cfg.eval_path`` if given, else ``eval_size`` rows of the source.
+      Train never contains a held-out problem text.
+
+    Raises :class:`DataError` for unreadable sources, bad rows or an empty training set.
+    """
+    if cfg.source == "arithmetic":
+        train, held = _arithmetic(cfg)
+        if cfg.answer_style != "boxed":
+            train = [_restyle(p, cfg.answer_style) for p in train]
+            held = [_restyle(p, cfg.answer_style) for p in held]
+    else:
+        assert cfg.path is not None  # DataConfig validates this
+        if cfg.source == "hf":
+            problems = load_hf(cfg.path, cfg.split, answer_style=cfg.answer_style)
+        else:
+            problems = load_file(cfg.path, answer_style=cfg.answer_style, split=cfg.split)
+        if cfg.eval_path:
+            held = load_file(cfg.eval_path, answer_style=cfg.answer_style, split=cfg.split)[: cfg.eval_size]
+            held_texts = {p.problem for p in held}
+            train = [p for p in problems if p.problem not in held_texts]
+        else:
+            train, held = split_held_out(problems, cfg.eval_size)
+    if not train:
+        raise DataError(f"no training problems left from data source {cfg.source!r} ({cfg.path or 'generated'})")
+    return train, held
+
+
+def _restyle(p: Problem, style: str) -> Problem:
+    return Problem(p.id, p.problem, p.answer, style, p.source)

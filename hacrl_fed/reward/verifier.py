@@ -1,0 +1,207 @@
+"""The verifier: :func:`~hacrl_fed.reward.compare.check_answer` in a killable process pool.
+
+Every item runs in a worker process under a hard wall-clock deadline (``VerifierConfig.timeout_s``);
+a hung or crashed item becomes a ``verifier_error`` verdict (reward 0, counted), never a stuck
+round. Usable from the main thread and from worker threads (a gRPC servicer): no signals are used
+in the caller, and math-verify's own signal timeouts are disabled in the workers.
+
+Two faces:
+
+* :class:`Verifier` — the framework's API: ``verify(responses, references, styles)`` → verdicts.
+* :class:`AccuracyReward` / :data:`accuracy_reward` — a TRL-style reward function
+  ``(completions, solution, **kwargs) -> list[float | None]`` (``None`` = unverifiable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hacrl_fed.reward.compare import check_answer, warm_up
+from hacrl_fed.reward.extract import ANSWER_STYLES
+from hacrl_fed.reward.pool import KillablePool
+from hacrl_fed.reward.verdict import Verdict
+
+if TYPE_CHECKING:
+    from hacrl_fed.config import VerifierConfig
+
+__all__ = ["AccuracyReward", "CheckItem", "Verifier", "accuracy_reward"]
+
+
+class CheckItem:
+    """Picklable per-item job for the pool: ``(response, reference, style, problem)`` → verdict
+    fields. A callable class (not a closure) so that ``spawn`` can send it to worker processes."""
+
+    def __call__(self, item: tuple[str, str, str, str | None]) -> tuple[str, float, str, str | None]:
+        v = check_answer(*item)
+        return (v.verdict, v.reward, v.reason, v.extracted)
+
+    @staticmethod
+    def warm_up() -> None:
+        warm_up()
+
+
+def _broadcast(value: str | Sequence[str] | None, n: int, name: str) -> list[Any]:
+    if value is None or isinstance(value, str):
+        return [value] * n
+    out = list(value)
+    if len(out) != n:
+        raise ValueError(f"{name} has {len(out)} entries, expected {n} (one per response)")
+    return out
+
+
+class Verifier:
+    """Tri-state answer verification in ``workers`` processes with a hard per-item timeout.
+
+    Args:
+        timeout_s: wall-clock seconds per item; beyond it the worker is killed and replaced and
+            the item is ``verifier_error`` with reason ``timeout``.
+        workers: processes in the pool.
+        memory_limit_mb: address-space cap per worker (``None`` = none).
+
+    Use as a context manager (or call :meth:`close`); the pool starts on ``__enter__`` or on the
+    first :meth:`verify`. Pickling keeps only the settings: an unpickled copy starts its own pool.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, workers: int = 2, *, memory_limit_mb: int | None = 2048) -> None:
+        self.timeout_s, self.workers, self.memory_limit_mb = float(timeout_s), int(workers), memory_limit_mb
+        self._pool = KillablePool(CheckItem(), workers=self.workers, timeout_s=self.timeout_s,
+                                  memory_limit_mb=memory_limit_mb)
+
+    @classmethod
+    def from_config(cls, cfg: VerifierConfig) -> Verifier:
+        """Build from ``[verifier]`` of a config file (``timeout_s``, ``workers``)."""
+        return cls(timeout_s=cfg.timeout_s, workers=cfg.workers)
+
+    @property
+    def restarts(self) -> int:
+        """Workers replaced so far after a timeout or crash."""
+        return self._pool.restarts
+
+    def verify(self, responses: Sequence[str], references: Sequence[str],
+               styles: str | Sequence[str] = "boxed", problems: str | Sequence[str] | None = None) -> list[Verdict]:
+        """Verdicts for ``responses[i]`` against ``references[i]``, in order.
+
+        Args:
+            responses: model responses (text, special tokens stripped).
+            references: reference final answers (or worked solutions ending in ``\\boxed{}``/``####``).
+            styles: ``boxed`` or ``gsm8k`` per item, or one style for all.
+            problems: problem texts (enables the restated-problem check), or ``None``.
+
+        Raises ``ValueError`` for mismatched lengths, an unknown style or a non-string input;
+        ``RuntimeError`` if the worker processes cannot start.
+        """
+        n = len(responses)
+        refs = _broadcast(references, n, "references") if not isinstance(references, str) else None
+        if refs is None:
+            raise ValueError("references must be a sequence with one reference per response")
+        style_list = _broadcast(styles, n, "styles")
+        problem_list = _broadcast(problems, n, "problems")
+        for i in range(n):
+            if not isinstance(responses[i], str) or not isinstance(refs[i], str):
+                raise ValueError(f"item {i}: response and reference must be str")
+            if style_list[i] not in ANSWER_STYLES:
+                raise ValueError(f"item {i}: unknown answer style {style_list[i]!r}; expected one of {ANSWER_STYLES}")
+        items = list(zip(responses, refs, style_list, problem_list, strict=True))
+        return [self._to_verdict(o) for o in self._pool.map(items)] if items else []
+
+    def verify_one(self, response: str, reference: str, style: str = "boxed", problem: str | None = None) -> Verdict:
+        """:meth:`verify` for a single item."""
+        return self.verify([response], [reference], [style], None if problem is None else [problem])[0]
+
+    def _to_verdict(self, outcome: tuple[str, Any]) -> Verdict:
+        kind, value = outcome
+        if kind == "ok":
+            return Verdict(*value)
+        if kind == "timeout":
+            return Verdict.error(f"timeout after {self.timeout_s:g} s")
+        if kind == "crash":
+            return Verdict.error(f"worker crashed (exit code {value})")
+        return Verdict.error(f"error: {value}")
+
+    def start(self) -> Verifier:
+        self._pool.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent; a later :meth:`verify` starts new ones)."""
+        self._pool.close()
+
+    def __enter__(self) -> Verifier:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"timeout_s": self.timeout_s, "workers": self.workers, "memory_limit_mb": self.memory_limit_mb}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["timeout_s"], state["workers"], memory_limit_mb=state["memory_limit_mb"])
+
+
+def _completion_text(completion: Any) -> str:
+    """TRL completions are strings or chat lists ``[{"role": "assistant", "content": ...}]``."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise ValueError(f"unsupported completion format: {type(completion).__name__}")
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+    return ""
+
+
+class AccuracyReward:
+    """TRL-style accuracy reward: ``(completions, solution, **kwargs) -> list[float | None]``.
+
+    1.0 correct, 0.0 incorrect, ``None`` when the verifier could not decide (``verifier_error``:
+    timeout, unparseable reference) so that TRL ignores the row instead of scoring it 0. Columns
+    ``answer`` (if ``solution`` is absent), ``answer_style`` and ``problem`` are used when present;
+    otherwise the prompt text serves for the restated-problem check.
+
+    A callable class rather than a closure so that it pickles into worker processes; the process
+    pool is not pickled and starts lazily in whichever process calls it.
+    """
+
+    __name__ = "accuracy_reward"  # TRL logs reward functions by __name__
+
+    def __init__(self, answer_style: str = "boxed", timeout_s: float = 5.0, workers: int = 2) -> None:
+        if answer_style not in ANSWER_STYLES:
+            raise ValueError(f"unknown answer style {answer_style!r}; expected one of {ANSWER_STYLES}")
+        self.answer_style, self.timeout_s, self.workers = answer_style, timeout_s, workers
+        self._verifier: Verifier | None = None
+
+    def __call__(self, completions: Sequence[Any], solution: Sequence[str] | None = None,
+                 **kwargs: Any) -> list[float | None]:
+        solution = solution if solution is not None else kwargs.get("answer")
+        if solution is None:
+            raise ValueError("accuracy_reward needs a `solution` (or `answer`) column")
+        texts = [_completion_text(c) for c in completions]
+        problems = kwargs.get("problem")
+        if problems is None and kwargs.get("prompts") is not None:
+            problems = [_prompt_text(p) for p in kwargs["prompts"]]
+        if self._verifier is None:
+            self._verifier = Verifier(self.timeout_s, self.workers)
+        verdicts = self._verifier.verify(texts, list(solution), kwargs.get("answer_style") or self.answer_style,
+                                         problems)
+        return [None if v.is_error else v.reward for v in verdicts]
+
+    def close(self) -> None:
+        if self._verifier is not None:
+            self._verifier.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"answer_style": self.answer_style, "timeout_s": self.timeout_s, "workers": self.workers}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+accuracy_reward = AccuracyReward()
+"""Default instance (``boxed`` style, 5 s, 2 workers); its pool starts on the first call."""

@@ -1,0 +1,189 @@
+"""The verifier end to end through its process pool: each known false-positive kind, tri-state,
+timeouts, threads, GSM8K style, and the TRL reward API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from math_verify import parse, verify
+
+from hacrl_fed.reward import AccuracyReward, Verdict, Verifier, check_answer
+
+GSM8K = Path("/work/shared/data/math/gsm8k_test.jsonl")
+TIMEOUT_S = 2.0  # the session verifier's timeout (tests/reward/conftest.py)
+
+
+def plain_math_verify(response: str, reference: str) -> bool:
+    """What plain math-verify says (the baseline whose false positives the verifier removes)."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    return verify(parse(reference, parsing_timeout=None), parse(response, parsing_timeout=None), timeout_seconds=None)
+
+
+def kinds(verdicts: list[Verdict]) -> list[str]:
+    return [v.verdict for v in verdicts]
+
+
+# --- the known false-positive kinds -----------------------------------------------------------------
+
+def test_different_equations_are_not_equal(verifier):
+    ref = "3x-y+13=0"
+    assert plain_math_verify("3x+4y+14=0", ref)  # both collapse to 0 in plain math-verify
+    out = verifier.verify([r"\boxed{3x+4y+14=0}", r"\boxed{y = 3x + 13}", r"\boxed{6x-2y+26=0}"], [ref] * 3)
+    assert kinds(out) == ["incorrect", "correct", "correct"]
+
+
+def test_tiny_values_do_not_collapse(verifier):
+    ref = r"\frac{1}{2004!}"
+    assert plain_math_verify(r"$\frac{1}{2006!}$", f"${ref}$")  # rounded/chopped to 0 by plain math-verify
+    responses = [r"\boxed{\frac{1}{2006!}}", r"\boxed{\frac{1}{2004!}}", r"\boxed{1.0 \times 10^{-30}}"]
+    out = verifier.verify(responses, [ref, ref, r"2 \cdot 10^{-30}"])
+    assert kinds(out) == ["incorrect", "correct", "incorrect"]
+
+
+def test_float_tolerance_is_relative(verifier):
+    responses = [r"\boxed{0.333333}", r"\boxed{0.33}", r"\boxed{13.0}", r"\boxed{1234568.0}", r"\boxed{0.7071068}"]
+    refs = [r"\frac{1}{3}", r"\frac{1}{3}", "13", "1234567", r"\frac{\sqrt{2}}{2}"]
+    assert kinds(verifier.verify(responses, refs)) == ["correct", "incorrect", "correct", "incorrect", "correct"]
+
+
+def test_partial_answer_to_multi_answer_question(verifier):
+    ref = "1331 and 1728"
+    responses = [r"\boxed{1728}", "The answer is 1331.", r"\boxed{1728, 1331}", "Answer: 1331 and 1728"]
+    assert kinds(verifier.verify(responses, [ref] * 4)) == ["incorrect", "incorrect", "correct", "correct"]
+
+
+def test_malformed_latex_reference_never_credits_a_wrong_answer(verifier):
+    ref = r"4\sqrt(2)"
+    assert plain_math_verify("4", ref)  # plain math-verify drops the \sqrt(2)
+    out = verifier.verify([r"\boxed{4}", r"\boxed{4\sqrt{2}}", r"\boxed{\sqrt{32}}"], [ref] * 3)
+    assert kinds(out) == ["incorrect", "correct", "correct"]
+    assert out[0].reason == "mismatch"
+
+
+def test_unbalanced_reference_is_a_verifier_error(verifier):
+    out = verifier.verify([r"\boxed{4}", r"\boxed{4}"], [r"\frac{4}{1", ""])
+    assert kinds(out) == ["verifier_error", "verifier_error"]
+    assert all(v.reward == 0.0 for v in out)
+
+
+def test_deep_nesting_is_a_verifier_error_within_the_timeout(verifier):
+    assert verifier.timeout_s == TIMEOUT_S
+    braces = r"\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}"
+    parens = "The answer is " + "(" * 10_000 + "1" + ")" * 10_000
+    start = time.monotonic()
+    out = verifier.verify([braces, parens, r"\boxed{1}"], ["1", "1", "(" * 10_000 + "1" + ")" * 10_000])
+    assert time.monotonic() - start < TIMEOUT_S + 1.0
+    assert kinds(out) == ["verifier_error"] * 3
+
+
+def test_huge_exponent_times_out_and_the_pool_recovers(verifier):
+    restarts = verifier.restarts
+    start = time.monotonic()
+    out = verifier.verify([r"\boxed{1}", r"\boxed{2}"], ["9^{9^{9^{9}}}", "2"])
+    elapsed = time.monotonic() - start
+    assert out[0].verdict == "verifier_error" and out[0].reason.startswith("timeout")
+    assert out[1].verdict == "correct"  # the other worker kept going
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3.0
+    assert verifier.restarts == restarts + 1
+    assert verifier.verify_one(r"\boxed{7}", "7").verdict == "correct"  # replacement worker serves
+
+
+def test_restating_the_problem_is_not_an_answer(verifier):
+    echoes = [
+        "To calculate 9 + 4, we need to add 9 and 4. This is a simple operation",
+        "To calculate 9 + 4, we need to add the two numbers",
+        "We need to calculate 9 + 4. This is a simple operation",
+    ]
+    assert plain_math_verify(echoes[1], "13") and plain_math_verify(echoes[2], "13")
+    stated = [r"\boxed{9 + 4}", "9 + 4 = 9 + 4", "8 + 7 = 15", "The answer is 13.", r"So \boxed{13}."]
+    refs = ["13"] * 3 + ["13", "13", "15", "13", "13"]
+    out = verifier.verify(echoes + stated, refs, problems=["Calculate 9 + 4."] * 5 + ["Calculate 8 + 7."] + [None] * 2)
+    assert kinds(out) == ["incorrect"] * 5 + ["correct"] * 3
+    assert [v.reason for v in out[:5]] == ["no_final_answer"] * 3 + ["unevaluated_expression"] * 2
+
+
+def test_restated_symbolic_problem_is_incorrect(verifier):
+    problem = "Expand (x+2)(x+3)."
+    out = verifier.verify([r"\boxed{(x+2)(x+3)}", r"\boxed{x^2+5x+6}"], ["x^2+5x+6"] * 2, problems=[problem] * 2)
+    assert kinds(out) == ["incorrect", "correct"]
+    assert out[0].reason == "restates_problem"
+
+
+# --- tri-state, threads, styles ----------------------------------------------------------------------
+
+def test_tri_state_and_rewards(verifier):
+    out = verifier.verify([r"\boxed{5}", r"\boxed{6}", r"\boxed{5}"], ["5", "5", r"\frac{1}{"])
+    assert [(v.verdict, v.reward) for v in out] == [("correct", 1.0), ("incorrect", 0.0), ("verifier_error", 0.0)]
+    assert out[0].extracted == "5" and out[2].is_error
+
+
+def test_verify_from_worker_threads(verifier):
+    results: dict[int, list[Verdict]] = {}
+
+    def work(k: int) -> None:
+        results[k] = verifier.verify([rf"\boxed{{{k + 10}}}", "wrong 0"], [str(k + 10), str(k + 10)])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert {k: kinds(v) for k, v in results.items()} == {k: ["correct", "incorrect"] for k in range(4)}
+
+
+def test_gsm8k_style_on_real_rows(verifier):
+    rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:20]]
+    answers = [r["answer"] for r in rows]
+    right = [f"{r['solution']}\n#### {r['answer']}" for r in rows]
+    wrong = [f"{r['solution']}\n#### {int(r['answer']) + 1}" for r in rows]
+    final_number = [f"So she ends up with {r['answer']} in total" for r in rows]
+    out = verifier.verify(right + wrong + final_number, answers * 3, "gsm8k")
+    assert kinds(out) == ["correct"] * 20 + ["incorrect"] * 20 + ["correct"] * 20
+    # the same final-number responses state no answer in boxed style
+    assert set(kinds(verifier.verify(final_number, answers, "boxed"))) == {"incorrect"}
+
+
+def test_bad_arguments_raise(verifier):
+    with pytest.raises(ValueError, match="expected 2"):
+        verifier.verify(["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="unknown answer style"):
+        verifier.verify(["a"], ["1"], ["latex"])
+    assert verifier.verify([], []) == []
+
+
+def test_verifier_pickles_as_settings():
+    v = Verifier(timeout_s=3.0, workers=1)
+    clone = pickle.loads(pickle.dumps(v))
+    assert (clone.timeout_s, clone.workers) == (3.0, 1)
+
+
+def test_in_process_check_matches_pool(verifier):
+    cases = [(r"\boxed{12}", "12"), ("8 + 7 = 15", "16"), (r"\boxed{x}", r"\frac{1")]
+    pooled = verifier.verify([c[0] for c in cases], [c[1] for c in cases])
+    assert pooled == [check_answer(*c) for c in cases]
+
+
+# --- TRL reward-function API ---------------------------------------------------------------------------
+
+def test_accuracy_reward_trl_api():
+    reward = AccuracyReward(timeout_s=TIMEOUT_S, workers=1)
+    try:
+        completions = [
+            [{"role": "assistant", "content": r"So \boxed{13}."}],
+            [{"role": "assistant", "content": "To calculate 9 + 4, we need to add the two numbers"}],
+            [{"role": "assistant", "content": r"\boxed{2}"}],
+        ]
+        out = reward(completions, solution=["13", "13", r"\frac{2}{"], prompts=["Calculate 9 + 4."] * 3)
+        assert out == [1.0, 0.0, None]
+        assert reward.__name__ == "accuracy_reward"
+        clone = pickle.loads(pickle.dumps(reward))
+        assert clone.answer_style == "boxed" and clone._verifier is None
+        assert reward(["#### 18"], answer=["18"], answer_style=["gsm8k"]) == [1.0]
+    finally:
+        reward.close()
