@@ -1,14 +1,52 @@
 """Algorithm configuration: HACPO and every baseline / ablation as settings of one code path.
 
-Presets (``AlgoConfig.preset(name)``) are the named recipes of the paper's tables
-(hacpo-spec §9–§11). Pure data; no I/O.
+Presets (``AlgoConfig.preset(name)`` / :data:`PRESETS`) are the named recipes of the paper's
+tables (hacpo-spec §9–§11). Giving ``name`` alone (``AlgoConfig(name="grpo")``, or
+``name = "grpo"`` in TOML) fills every field the preset sets; fields given explicitly win.
+Pure data; no I/O, no torch.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RecipeName = Literal[
+    "hacpo", "gspo", "grpo", "isolated", "naive", "gspo_x2",
+    "hacpo_no_adv", "hacpo_no_omega", "hacpo_no_clip", "hacpo_no_stepwise",
+]
+
+_GSPO_ALONE: dict[str, Any] = {
+    "share_rollouts": False, "ratio_level": "sequence", "self_clip_low": 3e-4, "self_clip_high": 4e-4,
+}
+
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # HACPO, the paper's recipe (App. A, Table 5 "commonly used" column): all four mechanisms.
+    "hacpo": MappingProxyType({}),
+    # GRPO, isolated: token-level ratio, DAPO clip-higher 0.2 / 0.28, plain group baseline.
+    "grpo": MappingProxyType({"share_rollouts": False, "ratio_level": "token", "self_clip_low": 0.2,
+                              "self_clip_high": 0.28, "capability_advantage": False}),
+    # GSPO, isolated: sequence-level ratio, 3e-4 / 4e-4 (the HACPO self term alone).
+    "gspo": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False}),
+    # Isolated training: each agent alone with HACPO's own-rollout objective (= GSPO settings).
+    "isolated": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False}),
+    # GSPO×2, the resource-equivalent baseline: twice the own rollouts per prompt, no sharing.
+    "gspo_x2": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False, "rollout_multiplier": 2}),
+    # Naive sharing: foreign rows used as if they were own (plain joint group mean, no ω,
+    # the self objective with the source's behaviour log-prob as the old log-prob).
+    "naive": MappingProxyType({"share_rollouts": True, "capability_advantage": False,
+                               "capability_gradient": False, "cross_objective": "self"}),
+    # Ablations of Tables 2–3 and Fig. 4.
+    "hacpo_no_adv": MappingProxyType({"capability_advantage": False}),
+    "hacpo_no_omega": MappingProxyType({"capability_gradient": False}),
+    "hacpo_no_clip": MappingProxyType({"cross_clip": False}),
+    "hacpo_no_stepwise": MappingProxyType({"cross_clip_step": 0.0}),
+})
+"""Recipe name → the fields it sets (everything else keeps the HACPO default)."""
 
 
 class AlgoConfig(BaseModel):
@@ -16,11 +54,9 @@ class AlgoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    name: Literal[
-        "hacpo", "gspo", "grpo", "isolated", "naive", "gspo_x2",
-        "hacpo_no_adv", "hacpo_no_omega", "hacpo_no_clip", "hacpo_no_stepwise",
-    ] = "hacpo"
-    """Label of the recipe (see :meth:`preset`); the fields below are what the code reads."""
+    name: RecipeName = "hacpo"
+    """Recipe (see :data:`PRESETS`). On construction its preset fills the fields not given
+    explicitly; afterwards it is a label. The fields below are what the code reads."""
     share_rollouts: bool = True
     """Train on other agents' rollouts. False = isolated training (each agent alone)."""
     capability_advantage: bool = True
@@ -32,25 +68,69 @@ class AlgoConfig(BaseModel):
     (GSPO/GRPO) objective with the source's behaviour log-prob — the naive-sharing baseline."""
     ratio_level: Literal["sequence", "token"] = "sequence"
     """Self-term importance ratio: GSPO sequence ratio or GRPO per-token ratio."""
-    self_clip_low: Annotated[float, Field(ge=0)] = 3e-4
+    self_clip_low: Annotated[float, Field(ge=0, lt=1)] = 3e-4
     """ε_l of the self term (GSPO 3e-4; GRPO 0.2)."""
     self_clip_high: Annotated[float, Field(ge=0)] = 4e-4
     """ε_h of the self term (GSPO 4e-4; GRPO 0.28)."""
-    alpha: Annotated[float, Field(ge=0)] = 1.0
-    """Exponent of exponential importance sampling (Eq. 12)."""
+    alpha: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    """Exponent of exponential importance sampling (Eq. 12); the paper sweeps 0, 1, 2, 3."""
     cross_clip: bool = True
     """Clamp cross ratios to [l_m, 1] (Eq. 13–14). False = "no clip"."""
     cross_clip_delta: Annotated[float, Field(ge=0, le=1)] = 0.2
     """δ: lower bound 1 − δ at m = 0."""
-    cross_clip_step: Annotated[float, Field(ge=0)] = 0.025
+    cross_clip_step: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.025
     """δ_step: lower-bound tightening per optimizer update; 0 = "no stepwise"."""
     stepwise_index: Literal["update", "cross_update"] = "cross_update"
-    """What m counts: every optimizer update of the step, or only updates holding cross rows."""
+    """What m counts: every optimizer update of the step (Eq. 14 read literally, as the authors'
+    rewrite does), or only updates holding cross rows (default; README "HACPO in hacrl-fed")."""
     ratio_clip: tuple[float, float] = (0.1, 10.0)
     """Bounds of the capability ratio r_{j→k}."""
-    kl_coef: Annotated[float, Field(ge=0)] = 0.001
+    baseline_guard: Annotated[float, Field(allow_inf_nan=False)] | None = 1.0
+    """If the weighted baseline μ̂ exceeds this, μ̂ := mean of the learner's own rewards in the
+    group (both reference codes; meant for rewards in [0, 1]). None disables the guard."""
+    kl_coef: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
     """β of the low-variance (k3) KL to the learner's reference, own rows only."""
-    max_abs_log_ratio: Annotated[float, Field(gt=0)] = 10.0
+    max_abs_log_ratio: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
     """Clamp of |log s| before exponentiation (overflow guard)."""
     rollout_multiplier: Annotated[int, Field(ge=1)] = 1
     """Own rollouts per prompt = multiplier × G (GSPO×2 = 2, isolated)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("name") in PRESETS:
+            return {**PRESETS[data["name"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgoConfig:
+        lo, hi = self.ratio_clip
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+            raise ValueError(f"ratio_clip must be finite with 0 < low <= high, got {self.ratio_clip}")
+        return self
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> AlgoConfig:
+        """The named recipe of :data:`PRESETS`, with ``overrides`` on top (e.g. ``alpha=3.0``).
+
+        Raises ``ValueError`` for an unknown name (listing the valid ones) or invalid overrides.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown algorithm preset {name!r}; valid names: {', '.join(PRESETS)}")
+        return cls(**{"name": name, **overrides})
+
+    @property
+    def advantage_estimator(self) -> str:
+        """Name in ``ADVANTAGE_ESTIMATORS``: ``"hacpo"`` (Eq. 7) or ``"grpo"`` (plain joint mean)."""
+        return "hacpo" if self.capability_advantage else "grpo"
+
+    def cross_lower_bound(self, m: int) -> float:
+        """Stepwise lower clip bound l_m = min(1, 1 − δ + m·δ_step) (Eq. 14; spec T11).
+
+        Capped at 1.0: from then on every cross row is clamped to 1 and gives no gradient.
+        Raises ``ValueError`` for m < 0.
+        """
+        if m < 0:
+            raise ValueError(f"stepwise index m must be >= 0, got {m}")
+        # l_m = 1 − δ + m·δ_step, capped at the upper bound 1.0 (spec §12 "l_m > 1")
+        return min(1.0, 1.0 - self.cross_clip_delta + m * self.cross_clip_step)

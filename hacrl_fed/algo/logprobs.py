@@ -1,0 +1,206 @@
+"""Selected-token log-probs of a causal LM, computed without a full ``[tokens, vocab]`` log-softmax.
+
+The base model (decoder) produces the last hidden states once; the LM head is then applied to
+``chunk_tokens`` positions at a time. Each chunk returns only ``log π(y_t | y_<t)`` for the token
+actually present, and is wrapped in :func:`torch.utils.checkpoint.checkpoint`, so backward
+recomputes the chunk's logits instead of keeping them: peak memory grows with
+``chunk_tokens × vocab`` instead of ``batch × seq × vocab`` (ARCHITECTURE §5, §7). With Gemma's
+262 144-entry vocabulary this is what lets two CPU workers share one machine.
+
+Alignment convention (shared by every caller): ``out[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``,
+0 at ``t = 0``, at padding, and at the first real token of a left-padded row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+def unwrap_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module, object]:
+    """Return ``(decoder, lm_head, text_config)`` of a causal LM, also through ``peft`` wrappers.
+
+    The decoder maps ``input_ids`` to last hidden states (final norm applied); the LM head maps
+    hidden states to logits. Raises ``TypeError`` when either cannot be found.
+    """
+    inner = model
+    if hasattr(inner, "get_base_model"):  # peft.PeftModel
+        inner = inner.get_base_model()
+    decoder = None
+    if hasattr(inner, "get_decoder"):
+        try:
+            decoder = inner.get_decoder()
+        except (AttributeError, NotImplementedError):
+            decoder = None
+    if decoder is None or decoder is inner:
+        decoder = getattr(inner, "model", None)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if decoder is None or head is None:
+        raise TypeError(f"{type(model).__name__} is not a causal LM with a decoder and an output embedding")
+    config = getattr(inner, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return decoder, head, config
+
+
+def _logit_transform(config) -> tuple[float | None, float]:
+    """(final-logit softcap, multiplicative logit scale) the model's own forward applies to logits."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = 1.0
+    if getattr(config, "logit_scale", None) is not None:  # Cohere: logits * logit_scale
+        scale *= float(config.logit_scale)
+    if getattr(config, "logits_scaling", None) is not None:  # Granite: logits / logits_scaling
+        scale /= float(config.logits_scaling)
+    return (float(cap) if cap else None), scale
+
+
+def _transform(logits: Tensor, cap: float | None, scale: float, inv_temperature: float) -> Tensor:
+    """Raw head output -> sampling logits (in place on a float32 tensor): scale, softcap, temperature."""
+    if scale != 1.0:
+        logits.mul_(scale)
+    if cap is not None:
+        logits.div_(cap).tanh_().mul_(cap)
+    if inv_temperature != 1.0:
+        logits.mul_(inv_temperature)
+    return logits
+
+
+def _chunk_logprobs(hidden: Tensor, targets: Tensor, head: nn.Module, cap: float | None, scale: float,
+                    inv_temperature: float) -> Tensor:
+    """log-softmax(head(hidden))[targets] for one chunk through autograd. hidden [N, H], targets [N] -> float32 [N]."""
+    logits = head(hidden).float()
+    if scale != 1.0:
+        logits = logits * scale
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    if inv_temperature != 1.0:
+        logits = logits * inv_temperature
+    selected = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return selected - torch.logsumexp(logits, dim=-1)
+
+
+class _LinearSelectedLogProb(torch.autograd.Function):
+    """Selected-token log-probs through a linear LM head with a hand-written, chunked backward.
+
+    Forward keeps only the per-position logsumexp [N]; backward recomputes each chunk's logits and forms
+    d log p(y)/d logits = onehot(y) - softmax in place, so one [chunk, V] float32 buffer (two with
+    softcapping) plus the [V, H] weight gradient is the whole extra memory.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk, cap, scale, inv_temperature):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for s in range(0, hidden.shape[0], chunk):
+            z = _transform(F.linear(hidden[s:s + chunk], weight, bias).float(), cap, scale, inv_temperature)
+            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
+            out[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.consts = (chunk, cap, scale, inv_temperature)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        chunk, cap, scale, inv_temperature = ctx.consts
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        for s in range(0, hidden.shape[0], chunk):
+            h, g = hidden[s:s + chunk], grad_out[s:s + chunk].float()
+            z = F.linear(h, weight, bias).float()
+            if scale != 1.0:
+                z.mul_(scale)
+            t = z.div_(cap).tanh_() if cap is not None else None
+            z = t * (cap * inv_temperature) if cap is not None else z.mul_(inv_temperature)
+            # d/dz [z_y - logsumexp(z)] = onehot(y) - softmax(z); times the incoming gradient g
+            dz = z.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])
+            dz.scatter_add_(-1, targets[s:s + chunk, None], g[:, None])
+            dz.mul_(inv_temperature * scale)
+            if t is not None:
+                dz.mul_(t.square_().neg_().add_(1.0))  # d cap·tanh(u/cap) / du = 1 - tanh²
+                del t
+            dz = dz.to(weight.dtype)
+            if need_h:
+                grad_h[s:s + chunk] = dz @ weight
+            if need_w:
+                grad_w.addmm_(dz.t().float(), h.float())
+            if need_b:
+                grad_b += dz.float().sum(0)
+            del z, dz
+        cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
+        return grad_h, cast(grad_w, weight), (cast(grad_b, bias) if bias is not None else None), \
+            None, None, None, None, None
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Position ids [B, T] counting only attended tokens (left or right padding); 0 at leading padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
+                   chunk_tokens: int = 1024, fused: bool | None = None) -> Tensor:
+    """Log-probs of the tokens in ``input_ids`` under ``model``, chunked over the LM head.
+
+    Args:
+        model: a Hugging Face causal LM (``*ForCausalLM``), optionally ``peft``-wrapped.
+        input_ids: LongTensor [B, T]; padding on the right (training) or on the left (generation).
+        attention_mask: LongTensor/BoolTensor [B, T], 1 for real tokens; position ids are derived from it.
+        temperature: logits are divided by it (the sampling temperature; pass 1.0 for greedy).
+        chunk_tokens: positions per LM-head chunk; the extra peak memory is about
+            ``chunk_tokens × vocab × 4`` bytes (×2 with softcapping) plus the head's weight gradient.
+        fused: ``None`` (default) picks the hand-written chunked backward for a plain ``nn.Linear`` head
+            and otherwise (LoRA-wrapped or quantized heads) autograd through
+            :func:`torch.utils.checkpoint.checkpoint` per chunk; ``True``/``False`` force one.
+
+    Returns:
+        FloatTensor [B, T] (float32): ``out[b, t] = log π(input_ids[b, t] | input_ids[b, :t])`` after
+        final-logit softcapping (if the config has one) and temperature; 0 at ``t = 0``, at padding and at
+        the first real token of a left-padded row. Differentiable w.r.t. the model's parameters when grad
+        is enabled (each chunk is recomputed in backward).
+
+    Raises:
+        ValueError: on mismatched shapes, a non-positive temperature or chunk size.
+        TypeError: when ``model`` has no decoder / output embedding, or ``fused=True`` with a non-Linear head.
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                         "must both be [B, T]")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for log-probs (use 1.0 for greedy), got {temperature}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    decoder, head, config = unwrap_causal_lm(model)
+    cap, scale = _logit_transform(config)
+    mask = attention_mask.bool()
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask.long(),
+                  position_ids=position_ids_from_mask(mask), use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]   # [B, T, H]
+
+    # position t is scored from hidden state t-1; both t and t-1 must be real tokens
+    valid = torch.zeros_like(mask)
+    valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
+    h = hidden[:, :-1][valid[:, 1:]]                                                   # [N, H]
+    targets = input_ids[:, 1:][valid[:, 1:]]                                          # [N]
+    inv_t = 1.0 / temperature
+    grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
+    if fused is None:
+        fused = type(head) is nn.Linear
+    parts = []
+    if fused and h.shape[0]:
+        if type(head) is not nn.Linear:
+            raise TypeError(f"fused=True needs a plain torch.nn.Linear LM head, got {type(head).__name__}")
+        parts.append(_LinearSelectedLogProb.apply(h, head.weight, head.bias, targets, chunk_tokens, cap, scale, inv_t))
+    else:
+        for s in range(0, h.shape[0], chunk_tokens):
+            args = (h[s:s + chunk_tokens], targets[s:s + chunk_tokens], head, cap, scale, inv_t)
+            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+    result = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if parts:
+        result = result.masked_scatter(valid, torch.cat(parts))
+    elif grad and hidden.requires_grad:
+        result = result + 0.0 * hidden.sum()  # keep the graph: backward through an empty batch is a no-op
+    return result

@@ -1,0 +1,322 @@
+"""One learner's HACPO update for one training step (hacpo-spec §8.3 step 6d; paper Algorithm 1).
+
+    rows (own + foreign, learner tokens) ─ order: own first, then each source in sorted order
+      └ epochs × mini-batches of ``optim.mini_batch_rows``      (one AdamW step each; stepwise m)
+          └ micro-batches by padded-token budget ``optim.micro_batch_tokens``
+              token log-probs (chunked LM head) → compute_loss → backward (sums to the mini-batch mean)
+          grad-norm clip → optimizer step
+
+The old log-prob of every row is its ``behaviour_logprob_sum`` over ``behaviour_token_count``
+tokens: the source's pre-update policy in the source's tokenization for foreign rows, the
+learner's own pre-update forward for own rows. It is never replaced by the current
+(detached) log-prob — verl's on-policy shortcut would silently corrupt the cross ratio
+(spec §6). Rows are never shuffled, so the stepwise index m of every row is well defined;
+by default m counts only the updates that hold cross rows (``AlgoConfig.stepwise_index``,
+:func:`hacrl_fed.algo.losses.stepwise_indices`, README "HACPO in hacrl-fed: decisions").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
+from hacrl_fed.tokenization.views import TrainingRow, collate
+
+if TYPE_CHECKING:
+    from hacrl_fed.algo.config import AlgoConfig
+    from hacrl_fed.config import OptimConfig
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer update: ``rows`` = indices into the ordered rows, ``m`` = stepwise index."""
+
+    rows: tuple[int, ...]
+    m: int
+    epoch: int
+
+
+def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters with ``optim``'s lr, betas, eps and weight decay.
+
+    Raises ``ValueError`` if the model has no trainable parameter.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                             weight_decay=optim.weight_decay)
+
+
+def order_rows(rows: Sequence[TrainingRow], learner: str) -> list[int]:
+    """Indices of ``rows``: the learner's own rows first (input order), then each source agent in
+    sorted order (input order within a source), as [O] does (spec §5.3)."""
+    own = [i for i, r in enumerate(rows) if r.source_agent == learner]
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        if r.source_agent != learner:
+            by_source[r.source_agent].append(i)
+    return own + [i for source in sorted(by_source) for i in by_source[source]]
+
+
+def plan_minibatches(is_own: Sequence[bool], mini_batch_rows: int, *, epochs: int = 1,
+                     stepwise_index: str = "cross_update") -> list[MiniBatch]:
+    """Consecutive mini-batches of the ordered rows, repeated per epoch, with their stepwise m.
+
+    m counts across epochs (it is "updates performed so far within the step", Eq. 14). See
+    :func:`hacrl_fed.algo.losses.stepwise_indices` for the two modes (T11, T16).
+    """
+    if mini_batch_rows < 1 or epochs < 1:
+        raise ValueError(f"mini_batch_rows and epochs must be >= 1, got {mini_batch_rows}, {epochs}")
+    n = len(is_own)
+    chunks = [tuple(range(s, min(s + mini_batch_rows, n))) for s in range(0, n, mini_batch_rows)]
+    flat = [(epoch, c) for epoch in range(epochs) for c in chunks]
+    ms = stepwise_indices([not all(is_own[i] for i in c) for _, c in flat], stepwise_index)
+    return [MiniBatch(c, m, epoch) for (epoch, c), m in zip(flat, ms, strict=True)]
+
+
+def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split positions 0..len−1 into micro-batches whose padded size (rows × longest) fits the budget.
+
+    Rows are taken longest first; a single row longer than the budget forms its own micro-batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= token_budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: Mapping[str, float],
+              algo: AlgoConfig, learner: str) -> None:
+    if len(rows) != len(advantages):
+        raise ValueError(f"{len(rows)} rows but {len(advantages)} advantages")
+    for row, adv in zip(rows, advantages, strict=True):
+        where = f"row {row.prompt_id}/{row.sample_index} from {row.source_agent!r}"
+        if bool(row.is_own) != (row.source_agent == learner):
+            raise ValueError(f"{where}: is_own={row.is_own} disagrees with learner {learner!r}")
+        if not row.is_own and not algo.share_rollouts:
+            raise ValueError(f"{where}: foreign row given to an isolated learner (algo.share_rollouts = false)")
+        if not row.is_own and not (math.isfinite(ratios.get(row.source_agent, math.nan))
+                                   and ratios[row.source_agent] > 0):
+            raise ValueError(f"{where}: no valid capability ratio for source (ratios for {sorted(ratios)})")
+        if not row.prompt_ids or not row.response_ids:
+            raise ValueError(f"{where}: empty prompt or response")
+        if row.behaviour_token_count < 1 or not math.isfinite(row.behaviour_logprob_sum):
+            raise ValueError(f"{where}: behaviour log-prob needs a finite sum over >= 1 token")
+        if not math.isfinite(adv):
+            raise ValueError(f"{where}: advantage {adv} is not finite")
+
+
+class _Stats:
+    """Accumulates per-row and per-update diagnostics into the returned metrics."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        self.updates: dict[str, list[float]] = defaultdict(list)
+        self.tokens = 0
+
+    def add_rows(self, sources: list[str], advs: list[float], out) -> None:
+        cols = zip(out.rows.ratio.tolist(), out.rows.clip_low.tolist(), out.rows.clip_high.tolist(),
+                   out.row_loss.tolist(), strict=True)
+        for src, adv, (s, lo, hi, loss) in zip(sources, advs, cols, strict=True):
+            for key, value in (("s", s), ("clip_low", lo), ("clip_high", hi), ("loss", loss), ("adv", abs(adv))):
+                self.rows[src][key].append(float(value))
+
+    def summary(self, rows: Sequence[TrainingRow]) -> dict[str, float]:
+        def mean(xs: list[float]) -> float:
+            return sum(xs) / len(xs) if xs else 0.0
+
+        u = self.updates
+        n_src: dict[str, int] = defaultdict(int)
+        for row in rows:
+            n_src[row.source_agent] += 1
+        out = {"rows": float(len(rows)), "updates": float(len(u["loss"])), "tokens": float(self.tokens),
+               "loss": mean(u["loss"]), "pg_loss": mean(u["pg_loss"]), "kl": mean(u["kl"]),
+               "grad_norm": mean(u["grad_norm"]), "grad_norm_max": max(u["grad_norm"], default=0.0),
+               "skipped_updates": float(sum(u["skipped"]))}
+        if u["cross_lower_bound"]:
+            out |= {"cross_lower_bound_first": u["cross_lower_bound"][0],
+                    "cross_lower_bound_last": u["cross_lower_bound"][-1],
+                    "stepwise_saturated_updates": float(sum(b >= 1.0 for b in u["cross_lower_bound"]))}
+        all_adv = [a for src in self.rows.values() for a in src["adv"]]
+        out["adv_abs_mean"] = mean(all_adv)
+        out["zero_adv_frac"] = mean([float(a == 0.0) for a in all_adv])
+        for src, col in sorted(self.rows.items()):
+            out |= {f"src/{src}/rows": float(n_src[src]), f"src/{src}/s_mean": mean(col["s"]),
+                    f"src/{src}/s_min": min(col["s"]), f"src/{src}/s_max": max(col["s"]),
+                    f"src/{src}/clip_low": mean(col["clip_low"]), f"src/{src}/clip_high": mean(col["clip_high"]),
+                    f"src/{src}/adv_abs_mean": mean(col["adv"]), f"src/{src}/loss": mean(col["loss"])}
+        return out
+
+
+@dataclass(frozen=True)
+class _Context:
+    model: nn.Module
+    ref_model: nn.Module | None
+    algo: AlgoConfig
+    optim: OptimConfig
+    temperature: float
+    pad_id: int
+    device: torch.device
+
+
+def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
+    return {k: v.to(ctx.device) for k, v in collate(rows, ctx.pad_id).items()}
+
+
+def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
+                          chunk_tokens=ctx.optim.logprob_chunk_tokens)
+
+
+@torch.no_grad()
+def _old_token_logprobs(ctx: _Context, rows: list[TrainingRow]) -> dict[int, Tensor]:
+    """Per-token log-probs of the own rows under the pre-update policy (GRPO token ratio only)."""
+    own = [i for i, r in enumerate(rows) if r.is_own]
+    out: dict[int, Tensor] = {}
+    for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in own],
+                                   ctx.optim.micro_batch_tokens):
+        idx = [own[j] for j in micro]
+        batch = _batch(ctx, [rows[i] for i in idx])
+        logp = _logprobs(ctx, ctx.model, batch)
+        for b, i in enumerate(idx):
+            out[i] = logp[b][batch["response_mask"][b].bool()].detach()
+    return out
+
+
+def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: list[float],
+                  ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch,
+                  n_own_tokens: int) -> tuple[LossInputs, int]:
+    batch = _batch(ctx, [rows[i] for i in idx])
+    resp = batch["response_mask"].bool()
+    is_own = torch.tensor([rows[i].is_own for i in idx], dtype=torch.bool, device=ctx.device)
+    logp = _logprobs(ctx, ctx.model, batch)
+    ref = None
+    if ctx.ref_model is not None and bool(is_own.any()):
+        with torch.no_grad():
+            ref = _logprobs(ctx, ctx.ref_model, batch)
+    old_tok_t = None
+    if old_tok is not None:
+        old_tok_t = torch.zeros_like(logp)
+        for b, i in enumerate(idx):
+            if i in old_tok:
+                old_tok_t[b][resp[b]] = old_tok[i].to(logp.dtype)
+
+    def col(values: list[float], dtype=torch.float32) -> Tensor:
+        return torch.tensor(values, dtype=dtype, device=ctx.device)
+
+    inputs = LossInputs(
+        token_logprobs=logp, response_mask=resp, advantages=col([adv[i] for i in idx]),
+        old_logprob_sum=col([rows[i].behaviour_logprob_sum for i in idx], torch.float64),
+        old_token_count=col([rows[i].behaviour_token_count for i in idx]), is_own=is_own,
+        capability_ratio=col([ratio[i] for i in idx]), update_index=mb.m, old_token_logprobs=old_tok_t,
+        ref_token_logprobs=ref, num_sequences=len(mb.rows), num_own_tokens=n_own_tokens)
+    return inputs, int(batch["attention_mask"].sum())
+
+
+def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[TrainingRow], adv: list[float],
+                   ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch, stats: _Stats) -> None:
+    """Accumulate the mini-batch gradient over micro-batches, clip it, take one optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    n_own_tokens = sum(len(rows[i].response_ids) for i in mb.rows if rows[i].is_own)
+    loss_sum = pg_sum = kl_sum = 0.0
+    for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in mb.rows],
+                                   ctx.optim.micro_batch_tokens):
+        idx = [mb.rows[j] for j in micro]
+        inputs, tokens = _micro_inputs(ctx, rows, idx, adv, ratio, old_tok, mb, n_own_tokens)
+        out = compute_loss(inputs, ctx.algo)
+        # micro losses are normalized by the mini-batch sizes ⇒ their sum is the mini-batch loss
+        out.loss.backward()
+        stats.tokens += tokens
+        loss_sum += float(out.loss.detach())
+        pg_sum += out.metrics["hacpo/pg_loss"]
+        kl_sum += float(out.kl)
+        stats.add_rows([rows[i].source_agent for i in idx], [adv[i] for i in idx], out)
+        del inputs, out
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, ctx.optim.grad_clip))
+    skipped = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
+    if not skipped:                      # a non-finite update is dropped and counted, never applied
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for key, value in (("loss", loss_sum), ("pg_loss", pg_sum), ("kl", kl_sum), ("grad_norm", grad_norm),
+                       ("skipped", float(skipped))):
+        stats.updates[key].append(value)
+    if ctx.algo.cross_clip and ctx.algo.cross_objective == "hacpo" and not all(rows[i].is_own for i in mb.rows):
+        stats.updates["cross_lower_bound"].append(ctx.algo.cross_lower_bound(mb.m))
+
+
+def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Sequence[TrainingRow],
+                 advantages: Sequence[float], ratios: Mapping[str, float], algo: AlgoConfig,
+                 optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
+                 temperature: float = 1.0, pad_id: int | None = None) -> dict[str, float]:
+    """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
+
+    Args:
+        model: the learner's causal LM (parameters updated in place; its train/eval mode is left as is).
+        optimizer: from :func:`make_optimizer` (its parameters are the ones clipped and stepped).
+        rows: ``TrainingRow`` s in the learner tokenization (own and foreign, any order).
+        advantages: one A per row, same order (e.g. :func:`hacrl_fed.algo.advantages.row_advantages`).
+        ratios: r_{j→learner} per foreign source j (own rows use 1).
+        algo, optim: algorithm and optimizer settings (``optim.epochs`` passes over the rows).
+        learner: the learner's agent id (rows with this ``source_agent`` are own rows).
+        ref_model: frozen reference for the KL on own rows; required when ``algo.kl_coef > 0``.
+        temperature: sampling temperature the log-probs are scaled by (0 = greedy ⇒ 1.0).
+        pad_id: padding id (masks come from lengths, so any id works); default from the model config.
+
+    With ``algo.ratio_level == "token"`` (GRPO) the per-token old log-probs of own rows come from one
+    no-grad forward of ``model`` before the first optimizer step (the wire carries only sums).
+
+    Returns:
+        ``rows, updates, tokens, loss, pg_loss, kl, grad_norm, grad_norm_max, skipped_updates,
+        adv_abs_mean, zero_adv_frac, cross_lower_bound_first/last, stepwise_saturated_updates`` and per
+        source ``src/<agent>/{rows, s_mean, s_min, s_max, clip_low, clip_high, adv_abs_mean, loss}``
+        (means over updates / rows; ``s`` is the sequence ratio before clipping).
+
+    Raises:
+        ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
+            ``ref_model`` with ``kl_coef > 0`` — all before any parameter changes.
+    """
+    rows = list(rows)
+    _validate(rows, advantages, ratios, algo, learner)
+    if algo.kl_coef > 0 and ref_model is None and any(r.is_own for r in rows):
+        raise ValueError("algo.kl_coef > 0 needs ref_model (the learner's frozen reference); or set kl_coef = 0")
+    stats = _Stats()
+    if not rows:
+        return stats.summary([])
+    order = order_rows(rows, learner)
+    rows = [rows[i] for i in order]
+    adv = [float(advantages[i]) for i in order]
+    ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]
+    ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
+                   _pad_id(model, pad_id), next(model.parameters()).device)
+    old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
+    for mb in plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
+                               stepwise_index=algo.stepwise_index):
+        _run_minibatch(ctx, optimizer, rows, adv, ratio, old_tok, mb, stats)
+    return stats.summary(rows)
+
+
+def _pad_id(model: nn.Module, pad_id: int | None) -> int:
+    if pad_id is not None:
+        return int(pad_id)
+    config: Any = getattr(model, "config", None)
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0

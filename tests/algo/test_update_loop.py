@@ -1,0 +1,168 @@
+"""hacpo_update on real tiny models with incompatible tokenizers (spec §8.3 step 6d)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows, sequence_logprob_sum
+
+from hacrl_fed.algo.advantages import row_advantages
+from hacrl_fed.algo.config import AlgoConfig
+from hacrl_fed.algo.update import hacpo_update, make_optimizer, order_rows, plan_microbatches, plan_minibatches
+from hacrl_fed.config import OptimConfig
+
+
+class R:
+    def __init__(self, source):
+        self.source_agent = source
+
+
+def test_order_rows_own_first_then_sorted_sources():
+    rows = [R(s) for s in ["c", "k", "b", "c", "k", "b"]]
+    assert order_rows(rows, "k") == [1, 4, 2, 5, 0, 3]
+
+
+def test_plan_minibatches_counts_m_over_epochs():
+    own = [True] * 5 + [False] * 6
+    plan = plan_minibatches(own, 4, epochs=2, stepwise_index="update")
+    assert [len(mb.rows) for mb in plan] == [4, 4, 3] * 2
+    assert [mb.m for mb in plan] == [0, 1, 2, 3, 4, 5] and [mb.epoch for mb in plan] == [0, 0, 0, 1, 1, 1]
+    plan = plan_minibatches(own, 4, epochs=2, stepwise_index="cross_update")
+    assert [mb.m for mb in plan] == [0, 0, 1, 2, 2, 3]           # own-only updates do not tighten
+    with pytest.raises(ValueError):
+        plan_minibatches(own, 0)
+
+
+def test_plan_microbatches_fits_budget_and_covers_rows():
+    lengths = [5, 40, 12, 12, 7, 100, 3]
+    micro = plan_microbatches(lengths, 30)
+    assert sorted(i for m in micro for i in m) == list(range(len(lengths)))
+    for m in micro:
+        assert len(m) * max(lengths[i] for i in m) <= 30 or len(m) == 1
+
+
+@pytest.fixture
+def agents(load_tiny):
+    """Learner "a" (tiny Llama) with its own rows, and the rows it receives from "b" (tiny Gemma,
+    another tokenizer) and "c" (a second Llama-tokenizer agent)."""
+    model_a, tok_a = load_tiny(LLAMA)
+    model_b, tok_b = load_tiny(GEMMA)
+    own = [row for row, _ in make_agent_rows("a", model_a, tok_a, n_prompts=2, g=3)]
+    from_b = as_foreign(make_agent_rows("b", model_b, tok_b, n_prompts=2, g=3, seed=1), tok_a, "b")
+    from_c = as_foreign(make_agent_rows("c", model_a, tok_a, n_prompts=2, g=3, seed=2), tok_a, "c")
+    rows = from_c + own + from_b                      # any order; the update orders them
+    ratios = {"b": 1.6, "c": 0.5}
+    return model_a, rows, ratios
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+def test_smoke_three_agents(agents):
+    model, rows, ratios = agents
+    algo = AlgoConfig(kl_coef=0.001)
+    optim = OptimConfig(lr=1e-3, mini_batch_rows=6, micro_batch_tokens=256)
+    adv = row_advantages(rows, ratios, algo, learner="a")
+    before = flat(model)
+    metrics = hacpo_update(model, make_optimizer(model, optim), rows, adv, ratios, algo, optim, learner="a",
+                           ref_model=copy.deepcopy(model))
+    assert not torch.equal(before, flat(model))
+    assert metrics["updates"] == 3 and metrics["rows"] == 18 and metrics["skipped_updates"] == 0
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["tokens"] == sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    for src in ("a", "b", "c"):
+        assert metrics[f"src/{src}/rows"] == 6
+        for key in ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "adv_abs_mean", "loss"):
+            assert f"src/{src}/{key}" in metrics
+    # own rows: the behaviour sum came from this model's own forward ⇒ s = 1 in the first update
+    assert metrics["src/a/s_mean"] == pytest.approx(1.0, abs=1e-5)
+    # cross rows in updates 1 and 2 (cross_update index 0, 1)
+    assert metrics["cross_lower_bound_first"] == pytest.approx(0.8)
+    assert metrics["cross_lower_bound_last"] == pytest.approx(0.825)
+    assert metrics["kl"] >= 0.0 and metrics["grad_norm"] > 0
+
+
+def test_cross_ratio_is_never_the_on_policy_shortcut(agents):
+    """One mini-batch, one epoch: the cross ratio still uses the source's behaviour log-prob."""
+    model, rows, ratios = agents
+    b_rows = [r for r in rows if r.source_agent == "b"]
+    expected = [math.exp(sequence_logprob_sum(model, r.prompt_ids, r.response_ids) / len(r.response_ids)
+                         - r.behaviour_logprob_sum / r.behaviour_token_count) for r in b_rows]
+    algo, optim = AlgoConfig(kl_coef=0.0), OptimConfig(mini_batch_rows=64)
+    metrics = hacpo_update(model, make_optimizer(model, optim), b_rows, [0.5] * len(b_rows), ratios, algo, optim,
+                           learner="a")
+    assert metrics["updates"] == 1
+    assert metrics["src/b/s_mean"] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    assert metrics["src/b/s_min"] == pytest.approx(min(expected), rel=1e-5)
+    assert abs(metrics["src/b/s_mean"] - 1.0) > 1e-3
+
+
+def test_micro_batching_matches_one_big_batch(agents):
+    """Gradient accumulation is scaled so the mini-batch loss is the mean over its rows: with SGD the
+    parameters after one update are the same whatever the micro-batch token budget."""
+    model, rows, ratios = agents
+    algo = AlgoConfig(kl_coef=0.001, cross_clip=False)
+    adv = row_advantages(rows, ratios, algo, learner="a")
+    ref = copy.deepcopy(model)
+    results = []
+    for budget in (10_000, 64):
+        m = copy.deepcopy(model)
+        optim = OptimConfig(mini_batch_rows=64, micro_batch_tokens=budget, grad_clip=1e6)
+        out = hacpo_update(m, torch.optim.SGD(m.parameters(), lr=0.5), rows, adv, ratios, algo, optim,
+                           learner="a", ref_model=ref)
+        results.append((flat(m), out["loss"]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-6)
+    assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)
+    assert not torch.equal(results[0][0], flat(model))
+
+
+def test_grpo_token_level_own_rows(agents):
+    model, rows, _ = agents
+    own = [r for r in rows if r.is_own]
+    algo, optim = AlgoConfig.preset("grpo", kl_coef=0.0), OptimConfig(lr=1e-3, mini_batch_rows=3)
+    adv = row_advantages(own, {}, algo, learner="a")
+    metrics = hacpo_update(model, make_optimizer(model, optim), own, adv, {}, algo, optim, learner="a")
+    assert metrics["updates"] == 2 and "src/b/rows" not in metrics
+    assert metrics["src/a/s_min"] < metrics["src/a/s_max"]           # second update sees a moved policy
+    assert math.isfinite(metrics["loss"])
+
+
+def test_invalid_calls_raise_before_any_change(agents):
+    model, rows, ratios = agents
+    optim = OptimConfig()
+    before = flat(model)
+    opt = make_optimizer(model, optim)
+    adv = [0.1] * len(rows)
+    with pytest.raises(ValueError, match="ref_model"):
+        hacpo_update(model, opt, rows, adv, ratios, AlgoConfig(), optim, learner="a")
+    with pytest.raises(ValueError, match="isolated"):
+        hacpo_update(model, opt, rows, adv, ratios, AlgoConfig.preset("gspo", kl_coef=0.0), optim, learner="a")
+    with pytest.raises(ValueError, match="capability ratio"):
+        hacpo_update(model, opt, rows, adv, {"b": 1.0}, AlgoConfig(kl_coef=0.0), optim, learner="a")
+    with pytest.raises(ValueError, match="not finite"):
+        hacpo_update(model, opt, rows, [math.nan] * len(rows), ratios, AlgoConfig(kl_coef=0.0), optim, learner="a")
+    with pytest.raises(ValueError, match="advantages"):
+        hacpo_update(model, opt, rows, adv[:-1], ratios, AlgoConfig(kl_coef=0.0), optim, learner="a")
+    assert torch.equal(before, flat(model))
+    assert hacpo_update(model, opt, [], [], {}, AlgoConfig(), optim, learner="a")["updates"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_update_on_cuda_matches_cpu(agents):
+    """Same update on the GPU: every tensor follows the model's device; results agree with the CPU."""
+    model, rows, ratios = agents
+    algo = AlgoConfig(kl_coef=0.001)
+    optim = OptimConfig(mini_batch_rows=6, micro_batch_tokens=256, grad_clip=1e6)
+    adv = row_advantages(rows, ratios, algo, learner="a")
+    out = {}
+    for device in ("cpu", "cuda"):
+        m = copy.deepcopy(model).to(device)
+        out[device] = hacpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), rows, adv, ratios, algo, optim,
+                                   learner="a", ref_model=copy.deepcopy(model).to(device))
+    for key in ("loss", "src/b/s_mean", "src/c/s_mean", "src/a/s_mean"):
+        assert out["cuda"][key] == pytest.approx(out["cpu"][key], rel=1e-3, abs=1e-5)
