@@ -78,5 +78,195 @@ def keys_certs(
         typer.echo(f"wrote {path}")
 
 
+@app.command("worker", hidden=True)
+def worker_cmd(
+    config: Path = typer.Option(..., "--config", help="client.toml of the site."),
+    name: str | None = typer.Option(None, "--name", help="Override agent.name."),
+    model: str | None = typer.Option(None, "--model", help="Override agent.model.name_or_path."),
+    device: str | None = typer.Option(None, "--device", help="Override agent.model.device."),
+    address: str | None = typer.Option(None, "--address", help="Bind address: 127.0.0.1:PORT (0 = free) or unix:/path."),
+    address_file: Path | None = typer.Option(None, "--address-file", help="Write the bound address here when healthy."),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
+) -> None:
+    """(internal) Run the site's agent worker: the long-running process that owns the model."""
+    from hacrl_fed.config import ClientConfig, ConfigError, load_config
+
+    try:
+        cfg = load_config(config, ClientConfig)
+        if name:
+            cfg.agent.name = name
+        if model:
+            cfg.agent.model.name_or_path = model
+        if device:
+            cfg.agent.model.device = device
+        from hacrl_fed.worker.service import check_bind_address
+
+        check_bind_address(address or cfg.agent.worker_address)
+    except (ConfigError, ValueError) as err:
+        fail(_one_line(err))
+    from hacrl_fed.federation.keys import KeyFileError, RosterError
+    from hacrl_fed.worker.checkpoint import CheckpointError
+    from hacrl_fed.worker.models import ModelLoadError
+    from hacrl_fed.worker.service import run_worker
+
+    try:
+        run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
+                   resume=not no_resume)
+    except (ModelLoadError, KeyFileError, RosterError, CheckpointError, ValueError, RuntimeError, OSError) as err:
+        fail(_one_line(err), code=1)
+
+
+@app.command("eval")
+def eval_cmd(
+    model: str = typer.Option(..., "--model", help="Hub id, local directory, .gguf file or alias (smollm2-135m-instruct)."),
+    data: Path = typer.Option(..., "--data", help="JSONL/parquet with fields id, problem, answer."),
+    samples: int = typer.Option(1, "--samples", min=1, help="k responses per problem (avg@k, pass@k)."),
+    out: Path | None = typer.Option(None, "--out", help="Per-problem results (JSONL, written atomically)."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Generation cap per response."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N problems."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0,
+                                             help="Default: 0 (greedy) for --samples 1, else 1.0."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
+    template: str = typer.Option("auto", "--template", help="auto (chat template if any) | plain"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt"),
+    answer_style: str | None = typer.Option(None, "--answer-style", help="boxed | gsm8k (default: from the data)"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
+) -> None:
+    """Evaluate a model on math problems with the training verifier: avg@k and pass@k."""
+    import json
+
+    from pydantic import ValidationError
+
+    from hacrl_fed.config import ModelConfig, format_validation_error
+
+    try:
+        extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
+        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template, **extra)
+    except ValidationError as err:
+        fail(format_validation_error(err, "options").replace("\n", "; "))
+    if not data.is_file():
+        fail(f"{data}: no such data file")
+    from hacrl_fed.worker.engine import Sampling
+    from hacrl_fed.worker.evaluate import run_eval
+    from hacrl_fed.worker.models import ModelLoadError
+
+    try:
+        sampling = Sampling(temperature=(0.0 if samples == 1 else 1.0) if temperature is None else temperature,
+                            top_p=top_p, max_new_tokens=max_new_tokens)
+        summary = run_eval(model_cfg, str(data), samples=samples, out=str(out) if out else None, sampling=sampling,
+                           limit=limit, seed=seed, answer_style=answer_style, max_batch_sequences=batch_size)
+    except (ModelLoadError, ValueError, OSError) as err:
+        fail(_one_line(err), code=1)
+    typer.echo(json.dumps(summary, sort_keys=True))
+
+
+def _cli_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command("server")
+def server_cmd(
+    config: Path = typer.Option(..., "--config", help="server.toml (paths inside are relative to the current directory)."),
+) -> None:
+    """Coordinator host: flower-superlink (TLS, SuperNode auth), roster registration and the HACRL run."""
+    from hacrl_fed.config import ConfigError, ServerConfig, load_config
+    from hacrl_fed.federation.keys import RosterError
+    from hacrl_fed.federation.server_cmd import resolve_server_config, run_server
+
+    _cli_logging()
+    try:
+        code = run_server(resolve_server_config(load_config(config, ServerConfig)))
+    except (ConfigError, RosterError, RuntimeError, ValueError, OSError) as err:
+        fail(_one_line(err), code=1)
+    raise typer.Exit(code)
+
+
+@app.command("client")
+def client_cmd(
+    config: Path | None = typer.Option(None, "--config", help="client.toml of the site (flags below override it)."),
+    model: str | None = typer.Option(None, "--model", help="Model: hub id, directory, .gguf or alias (agent.model.name_or_path)."),
+    name: str | None = typer.Option(None, "--name", help="Agent name, as in the roster (agent.name)."),
+    server: str | None = typer.Option(None, "--server", help="Coordinator SuperLink HOST:PORT (superlink)."),
+    root_certificates: Path | None = typer.Option(None, "--root-certificates", help="Coordinator CA certificate."),
+    node_key: Path | None = typer.Option(None, "--node-key", help="SuperNode EC private key registered at the coordinator."),
+    insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP to the SuperLink (loopback testing only)."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="SuperNode ClientApp API port (default: free)."),
+    device: str | None = typer.Option(None, "--device", help="Override agent.model.device (cpu, cuda:1 ...)."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help="Override output_dir."),
+    worker_address: str | None = typer.Option(None, "--worker-address",
+                                              help="Attach to a running worker (loopback/unix) instead of starting one."),
+) -> None:
+    """Site: the agent worker (owns the model) plus a flower-supernode that couriers messages to it."""
+    from pydantic import ValidationError
+
+    from hacrl_fed.config import ClientConfig, ConfigError, format_validation_error, load_config
+    from hacrl_fed.federation.client_cmd import resolve_client_config, run_client
+
+    _cli_logging()
+    try:
+        if config is not None:
+            data = load_config(config, ClientConfig).model_dump(exclude_unset=True)
+        elif model and name:
+            data = {"agent": {"name": name, "model": {"name_or_path": model}}}
+        else:
+            raise ConfigError("give --config client.toml, or at least --model and --name")
+        agent = data.setdefault("agent", {})
+        overrides = {"name": name, "model.name_or_path": model, "model.device": device}
+        for key, value in overrides.items():
+            if value is not None:
+                section, _, field = key.rpartition(".")
+                (agent.setdefault(section, {}) if section else agent)[field] = value
+        top = {"superlink": server, "root_certificates": root_certificates and str(root_certificates),
+               "node_key": node_key and str(node_key), "output_dir": output_dir and str(output_dir)}
+        data.update({k: v for k, v in top.items() if v is not None})
+        if insecure:
+            data["insecure"] = True
+        cfg = resolve_client_config(ClientConfig.model_validate(data))
+    except ValidationError as err:
+        fail(format_validation_error(err, str(config or "options")).replace("\n", "; "))
+    except ConfigError as err:
+        fail(_one_line(err))
+    try:
+        code = run_client(cfg, port=port, worker_address=worker_address)
+    except (ConfigError, ValueError, OSError) as err:
+        fail(_one_line(err), code=1)
+    raise typer.Exit(code)
+
+
+@app.command("simulate")
+def simulate_cmd(
+    config: Path | None = typer.Option(None, "--config", help="simulate.toml (default: the built-in demo, "
+                                       "examples/default.toml). Paths inside are relative to the current directory."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help="Override run.output_dir (runs/)."),
+    tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication on loopback (sets tls = true)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory (configs and keys inside)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress display."),
+) -> None:
+    """All agents on this machine over loopback: SuperLink, one worker + SuperNode per agent, then a report."""
+    from hacrl_fed.config import ConfigError, SimulateConfig, load_config
+    from hacrl_fed.federation.simulate import SimulationError, default_config, run_simulation
+
+    try:
+        if resume is not None and (config is not None or tls or output_dir is not None):
+            raise ConfigError("--resume takes its configuration from the run directory; drop --config/--tls/--output-dir")
+        cfg = None if resume is not None else load_config(config, SimulateConfig) if config else default_config()
+        if cfg is not None and tls:
+            cfg.tls = True
+        result = run_simulation(cfg, output_dir=output_dir, resume=resume, progress=progress)
+    except ConfigError as err:
+        fail(_one_line(err))
+    except SimulationError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    except (RuntimeError, ValueError, OSError) as err:
+        fail(_one_line(err), code=1)
+    raise typer.Exit(result.exit_code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -187,6 +187,10 @@ class RunConfig(Strict):
     """A step proceeds when at least this many agents delivered valid batches."""
     generate_timeout_s: PositiveFloat = 1800.0
     train_timeout_s: PositiveFloat = 1800.0
+    join_timeout_s: Annotated[float, Field(ge=0)] = 300.0
+    """At (re)start the coordinator waits up to this long for every roster agent, then runs with ≥ min_agents."""
+    checkpoint_every: NonNegInt = 1
+    """Ask every site to save a resumable checkpoint after every N-th step it trained (0 = never)."""
     max_batch_bytes: PositiveInt = 16 * 1024 * 1024
     """Size cap of one signed RolloutBatch; larger payloads are rejected before parsing."""
     eval_every: NonNegInt = 0
@@ -255,6 +259,9 @@ class SimulateConfig(Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     agents: Annotated[list[AgentConfig], Field(min_length=1)]
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    tls: bool = False
+    """Loopback TLS + SuperNode authentication (CA, server certificate and node keys generated into
+    the run directory). Default: plain HTTP on 127.0.0.1."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> SimulateConfig:

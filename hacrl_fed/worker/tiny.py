@@ -66,20 +66,39 @@ def _bpe_tokenizer(vocab_size: int):
 
 
 def _unigram_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    """A Unigram (SentencePiece-style) tokenizer with a vocabulary counted from the corpus.
 
-    tok = Tokenizer(models.Unigram())
+    The pieces and their log-frequency scores are computed directly (not by the EM trainer,
+    whose multi-threaded float sums differ between runs), so the vocabulary is identical on
+    every build.
+    """
+    import math
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    counts: Counter[str] = Counter()
+    for line in _corpus(2):
+        for word in line.split():
+            piece = "\u2581" + word
+            counts[piece] += 1
+            for size in (1, 2, 3):
+                counts.update(word[i:i + size] for i in range(len(word) - size + 1))
+    alphabet = sorted(set("".join(_corpus(2))) | set(string.printable.strip()) | {"\u2581"})
+    chars = {c: max(counts[c], 1) for c in alphabet}
+    multi = sorted(((p, n) for p, n in counts.items() if len(p) > 1), key=lambda pn: (-pn[1], pn[0]))
+    budget = max(vocab_size - len(specials) - len(chars), 0)
+    chosen = dict(chars) | dict(multi[:budget])
+    total = sum(chosen.values())
+    vocab = [(p, 0.0) for p in specials] + [
+        (p, round(math.log(n / total), 6)) for p, n in sorted(chosen.items(), key=lambda pn: (-pn[1], pn[0]))
+    ]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>"), byte_fallback=False))
+    tok.add_special_tokens(specials)
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-        unk_token="<unk>",
-        initial_alphabet=list(string.printable.strip()),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(2), trainer=trainer)
     return tok
 
 

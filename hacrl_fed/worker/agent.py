@@ -1,0 +1,266 @@
+"""The agent worker: one site's model, rollout engine, verifier, signing key, trainer and checkpoints.
+
+:class:`AgentWorker` implements the five operations of ``worker.proto`` on protobuf messages;
+:mod:`hacrl_fed.worker.service` only exposes them over gRPC. Every operation holds one lock, so
+the model is never used by two requests at once. Nothing here returns weights or gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+from hacrl_fed.config import AgentConfig, SamplingConfig
+from hacrl_fed.data.prompts import render_prompt
+from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
+from hacrl_fed.federation.keys import Roster, load_signing_key
+from hacrl_fed.reward import Verifier
+from hacrl_fed.v1 import rollout_pb2 as pb
+from hacrl_fed.v1 import worker_pb2 as wpb
+from hacrl_fed.worker.checkpoint import CheckpointManager, TrainingState, export_hf
+from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
+from hacrl_fed.worker.models import load_model, model_fingerprint
+from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes
+
+__all__ = ["AgentWorker", "generation_seed", "sampling_from_proto"]
+
+MAX_SAMPLES_PER_PROMPT = 1024
+_FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
+_VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
+
+
+def sampling_from_proto(sp: pb.SamplingParams, default_max_new_tokens: int) -> Sampling:
+    """Proto ``SamplingParams`` → :class:`Sampling`. Proto3 zeros mean unset: ``top_p`` 0 ⇒ 1,
+    ``max_new_tokens`` 0 ⇒ ``default_max_new_tokens`` (temperature 0 is greedy). Raises
+    :class:`InvalidRequestError` for out-of-range values."""
+    try:
+        return Sampling(temperature=sp.temperature, top_p=sp.top_p or 1.0, top_k=sp.top_k,
+                        max_new_tokens=sp.max_new_tokens or default_max_new_tokens)
+    except ValueError as err:
+        raise InvalidRequestError(f"bad sampling parameters: {err}") from None
+
+
+def generation_seed(seed: int, run_id: str, step: int, agent: str) -> int:
+    """Deterministic 63-bit seed of one agent's generation at one step (independent of RNG state)."""
+    digest = hashlib.sha256(f"{seed}|{run_id}|{step}|{agent}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+def _check_prompts(prompts) -> None:
+    if not prompts:
+        raise InvalidRequestError("the request has no prompts")
+    ids = [p.prompt_id for p in prompts]
+    if any(not i for i in ids) or len(set(ids)) != len(ids):
+        raise InvalidRequestError("prompt ids must be non-empty and unique")
+    for p in prompts:
+        if not p.text.strip():
+            raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
+        if p.answer_style not in ("", "boxed", "gsm8k"):
+            raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style!r}")
+
+
+class AgentWorker:
+    """A site's agent worker (ARCHITECTURE §1).
+
+    Args:
+        cfg: the agent's configuration (model, algorithm, optimizer, verifier, keys, roster).
+        checkpoint_dir: where checkpoints go (default ``cfg.checkpoint_dir`` or ``runs/<name>/checkpoints``).
+        sampling: defaults for requests that leave sampling fields unset.
+        max_batch_bytes: size cap of one peer RolloutBatch.
+        resume: load the newest checkpoint in ``checkpoint_dir`` at start-up, if any.
+        keep_checkpoints: checkpoints kept on disk (older ones are deleted).
+        max_batch_sequences: sequences per ``generate`` call.
+        verifier: a running :class:`~hacrl_fed.reward.Verifier` to share (default: start one from ``cfg.verifier``).
+
+    Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded.
+    """
+
+    def __init__(self, cfg: AgentConfig, *, checkpoint_dir: str | Path | None = None,
+                 sampling: SamplingConfig | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                 resume: bool = True, keep_checkpoints: int = 3, max_batch_sequences: int = 32,
+                 verifier: Verifier | None = None) -> None:
+        if not cfg.private_key:
+            raise ValueError(f"agent {cfg.name!r} needs agent.private_key (create one with `hacrl-fed keys gen`)")
+        self.cfg = cfg
+        self.name = cfg.name
+        self.sampling_defaults = sampling or SamplingConfig()
+        self.key = load_signing_key(cfg.private_key)
+        self.roster = Roster.load(cfg.roster) if cfg.roster else {}
+        self.lock = threading.Lock()
+        self.loaded = load_model(cfg.model)
+        self.model, self.tokenizer = self.loaded.model, self.loaded.tokenizer
+        ref = None
+        if cfg.algo.kl_coef > 0:
+            ref = copy.deepcopy(self.model).merge_and_unload() if self.loaded.is_lora else copy.deepcopy(self.model)
+            ref.requires_grad_(False).eval()
+        self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
+                                      logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens)
+        self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
+                               max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
+                               max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing)
+        self._own_verifier = verifier is None
+        self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
+        root = checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints"
+        self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
+        self._fingerprint: str | None = None
+        if resume and self.checkpoints.latest() is not None:
+            self._resume(self.checkpoints.latest())
+        _ = self.fingerprint
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def fingerprint(self) -> str:
+        """Model fingerprint, recomputed after every weight change."""
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self.model)
+        return self._fingerprint
+
+    def _resume(self, path: Path) -> None:
+        state = CheckpointManager.load(path, self.model, self.trainer.optimizer)
+        self.trainer.step, self.trainer.run_id, self.trainer.capability = state.step, state.run_id, state.capability
+        self._fingerprint = None
+
+    def _check_run(self, run_id: str, step: int, *, for_generate: bool) -> None:
+        if not run_id:
+            raise InvalidRequestError("run_id is empty")
+        bound = self.trainer.run_id
+        if bound and run_id != bound:
+            raise PreconditionError(f"this worker is in run {bound!r}, the request is for run {run_id!r}")
+        if for_generate and bound and step <= self.trainer.step:
+            raise PreconditionError(f"step {step} is already trained (last completed step {self.trainer.step})")
+
+    def _render(self, prompts) -> dict[str, tuple[int, ...]]:
+        m = self.cfg.model
+        return {p.prompt_id: tuple(render_prompt(self.tokenizer, p.text, system_prompt=m.system_prompt,
+                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens))
+                for p in prompts}
+
+    def close(self) -> None:
+        """Stop the verifier processes (unless the verifier was passed in by the caller)."""
+        if self._own_verifier:
+            self.verifier.close()
+
+    # ------------------------------------------------------------------ operations
+
+    def generate(self, plan: pb.RoundPlan) -> wpb.GenerateResponse:
+        """G × multiplier responses per prompt → verify → sign. Raises InvalidRequestError / PreconditionError."""
+        if not 1 <= plan.samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
+            raise InvalidRequestError(f"samples_per_prompt must be in 1..{MAX_SAMPLES_PER_PROMPT}, "
+                                      f"got {plan.samples_per_prompt}")
+        _check_prompts(plan.prompts)
+        sampling = sampling_from_proto(plan.sampling, self.sampling_defaults.max_new_tokens)
+        if plan.deadline_unix_s and time.time() > plan.deadline_unix_s:
+            raise PreconditionError(f"the plan's deadline ({plan.deadline_unix_s:.0f}) has passed")
+        with self.lock:
+            self._check_run(plan.run_id, plan.step, for_generate=True)
+            t0 = time.perf_counter()
+            prompt_ids = self._render(plan.prompts)
+            order = [p.prompt_id for p in plan.prompts]
+            n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
+            seed = generation_seed(plan.sampling.seed, plan.run_id, plan.step, self.name)
+            samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
+            t_gen = time.perf_counter()
+            verdicts = self._verify(plan.prompts, samples)
+            t_ver = time.perf_counter()
+            batch = self._batch(plan, sampling, order, samples, verdicts)
+            envelope = sign_batch(batch, self.key, self.name)
+            self.trainer.remember(StepRollouts(
+                run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids,
+                samples={(order[s.prompt_index], s.sample_index): s for s in samples},
+                payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch))
+            tokens = sum(s.token_count for s in samples)
+            metrics = {
+                "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,
+                "time/sign_s": time.perf_counter() - t_ver, "tokens_generated": float(tokens),
+                "tokens_per_s": tokens / max(t_gen - t0, 1e-9), "rollouts": float(len(samples)),
+                "reward_mean": sum(r.reward for r in batch.rollouts) / len(batch.rollouts),
+                "stop_frac": sum(s.finish_reason == "stop" for s in samples) / len(samples),
+                "verifier_error": float(sum(r.verdict == pb.VERIFIER_ERROR for r in batch.rollouts)),
+                "payload_bytes": float(len(envelope.payload)), "rss_bytes": process_rss_bytes(),
+            }
+            return wpb.GenerateResponse(envelope=envelope, metrics=metrics)
+
+    def _verify(self, prompts, samples) -> list[tuple[float, int]]:
+        """(reward, verdict enum) per sample; truncated responses get 0 when ``truncated_reward = zero``."""
+        zero_length = self.cfg.verifier.truncated_reward == "zero"
+        todo = [i for i, s in enumerate(samples) if not (zero_length and s.finish_reason == "length")]
+        items = [prompts[samples[i].prompt_index] for i in todo]
+        verdicts = self.verifier.verify([samples[i].text for i in todo], [p.reference_answer for p in items],
+                                        [p.answer_style or "boxed" for p in items], [p.text for p in items])
+        out = [(0.0, pb.INCORRECT)] * len(samples)
+        for i, v in zip(todo, verdicts):
+            out[i] = (float(v.reward), _VERDICT[v.verdict])
+        return out
+
+    def _batch(self, plan, sampling: Sampling, order, samples, verdicts) -> pb.RolloutBatch:
+        batch = pb.RolloutBatch(
+            run_id=plan.run_id, step=plan.step, agent_id=self.name, model_fingerprint=self.fingerprint,
+            sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                       max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
+        for s, (reward, verdict) in zip(samples, verdicts):
+            batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
+                               reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
+                               behaviour_token_count=s.token_count, finish_reason=_FINISH[s.finish_reason])
+        return batch
+
+    def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
+        """Verify the pooled envelopes and run the HACPO update of ``req.step``."""
+        with self.lock:
+            plan = req.plan if req.HasField("plan") else pb.RoundPlan(run_id=req.run_id, step=req.step)
+            if (plan.run_id, plan.step) != (req.run_id, req.step):
+                raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
+                                          f"run {plan.run_id!r} step {plan.step}")
+            self._check_run(req.run_id, req.step, for_generate=False)
+            self._fingerprint = None
+            report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
+            _ = self.fingerprint
+            return report
+
+    def evaluate(self, req: wpb.EvaluateRequest) -> wpb.EvaluateResponse:
+        """k samples per prompt (greedy if k = 1 and temperature 0); avg@k and pass@k."""
+        _check_prompts(req.prompts)
+        k = req.samples or 1
+        if k > MAX_SAMPLES_PER_PROMPT:
+            raise InvalidRequestError(f"samples must be <= {MAX_SAMPLES_PER_PROMPT}, got {k}")
+        sampling = sampling_from_proto(req.sampling, self.sampling_defaults.max_new_tokens)
+        items = [EvalItem(p.prompt_id, p.text, p.reference_answer, p.answer_style or "boxed") for p in req.prompts]
+        m = self.cfg.model
+        with self.lock:
+            results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
+                                     seed=req.sampling.seed, system_prompt=m.system_prompt, template=m.chat_template,
+                                     max_prompt_tokens=m.max_prompt_tokens,
+                                     chunk_prompts=max(1, self.engine.max_batch_sequences // k))
+        resp = wpb.EvaluateResponse(metrics=summarize(results))
+        for r in results:
+            resp.results.add(prompt_id=r.prompt_id, correct=r.correct, total=r.total)
+        return resp
+
+    def health(self) -> wpb.HealthResponse:
+        """Identity, fingerprint, last completed step. Answers at once while Generate/Evaluate run;
+        waits for a running Train (the fingerprint of weights being updated is not defined)."""
+        fingerprint = self._fingerprint
+        if fingerprint is None:
+            with self.lock:
+                fingerprint = self.fingerprint
+        return wpb.HealthResponse(agent_id=self.name, model_fingerprint=fingerprint, step=self.trainer.step,
+                                  device=str(self.loaded.device), ready=True, run_id=self.trainer.run_id)
+
+    def checkpoint(self, req: wpb.CheckpointRequest) -> wpb.CheckpointResponse:
+        """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory."""
+        if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
+            raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
+        with self.lock:
+            step = self.trainer.step
+            if req.kind == wpb.CheckpointRequest.EXPORT:
+                out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
+                return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out)), step=step)
+            state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
+                                  fingerprint=self.fingerprint, extra={"agent": self.name})
+            path = self.checkpoints.save(self.model, self.trainer.optimizer, state, req.path or None)
+            return wpb.CheckpointResponse(path=str(path), step=step)

@@ -1,0 +1,254 @@
+"""Atomic checkpoints with exact resume, and export of the policy as a plain Hugging Face directory.
+
+A checkpoint is a directory ``<root>/step-<NNNNNNNN>/`` holding
+
+* ``model.safetensors`` (full fine-tuning) or ``adapter.safetensors`` (LoRA: adapter weights only),
+* ``optimizer.pt`` (AdamW state), ``rng.pt`` (python, numpy, torch CPU and CUDA generator states),
+* ``state.json``: step, run id, the capability view (last ``CapabilityTable``, base64 protobuf),
+  model fingerprint and any extra JSON the worker adds.
+
+It is written into a temporary sibling directory, every file and the directory are fsynced, and
+the directory is renamed into place; ``<root>/latest`` (written with tmp file + ``os.replace``)
+names the newest one. A crash leaves either the old or the new checkpoint, never a mix
+(ARCHITECTURE §8 "Resume"). Only the last ``keep_last`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "export_hf", "get_rng_state", "set_rng_state"]
+
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, or does not match the model it is loaded into."""
+
+
+@dataclass
+class TrainingState:
+    """What besides weights and optimizer a resume needs."""
+
+    step: int
+    run_id: str
+    capability: bytes = b""
+    """Serialized last ``CapabilityTable`` the worker trained with (empty: none yet)."""
+    fingerprint: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU + every CUDA device) generator states, as tensors and plain types."""
+    version, mt, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": (version, torch.tensor(mt, dtype=torch.int64), gauss),
+        "numpy": (np_name, torch.from_numpy(np_keys.astype(np.int64)), int(np_pos), int(np_has_gauss), float(np_gauss)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`get_rng_state` output."""
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(int(x) for x in mt.tolist()), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for d in sorted({p.parent for p in path.rglob("*")} | {path}):
+        _fsync_dir(d)
+
+
+def _install_dir(tmp: Path, final: Path) -> None:
+    """fsync ``tmp`` and rename it to ``final`` (an existing ``final`` is moved aside, then removed)."""
+    _fsync_tree(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_lora(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+class CheckpointManager:
+    """Saves and restores checkpoints under ``root``; keeps the newest ``keep_last``."""
+
+    def __init__(self, root: str | Path, keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    def save(self, model, optimizer, state: TrainingState, path: str | Path | None = None) -> Path:
+        """Write a checkpoint atomically and return its directory (``root/step-NNNNNNNN`` by default).
+
+        Raises ``OSError`` when writing fails (the previous checkpoint stays intact).
+        """
+        final = Path(path) if path else self.root / f"step-{state.step:08d}"
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        try:
+            self._write(tmp, model, optimizer, state)
+            _install_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.parent == self.root:
+            self._write_latest(final.name)
+            self._prune()
+        return final
+
+    def _write(self, d: Path, model, optimizer, state: TrainingState) -> None:
+        from safetensors.torch import save_file, save_model
+
+        if _is_lora(model):
+            from peft import get_peft_model_state_dict
+
+            weights = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+            save_file(weights, str(d / "adapter.safetensors"))
+        else:
+            save_model(model, str(d / "model.safetensors"))
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), d / "optimizer.pt")
+        torch.save(get_rng_state(), d / "rng.pt")
+        meta = {
+            "format": FORMAT_VERSION, "step": state.step, "run_id": state.run_id,
+            "capability_b64": base64.b64encode(state.capability).decode("ascii"),
+            "fingerprint": state.fingerprint, "lora": _is_lora(model), "extra": state.extra,
+        }
+        (d / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
+
+    def _write_latest(self, name: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".latest.", dir=self.root)
+        with os.fdopen(fd, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / "latest")
+        _fsync_dir(self.root)
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints under ``root``, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and (p / "state.json").is_file()]
+        return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint (``latest`` pointer, else the highest step), or None."""
+        pointer = self.root / "latest"
+        if pointer.is_file():
+            cand = self.root / pointer.read_text(encoding="utf-8").strip()
+            if (cand / "state.json").is_file():
+                return cand
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def _prune(self) -> None:
+        for old in self.checkpoints()[:-self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def load(path: str | Path, model, optimizer=None, *, restore_rng: bool = True) -> TrainingState:
+        """Load weights (or the LoRA adapter), optimizer and RNG states from ``path`` into the live objects.
+
+        Raises :class:`CheckpointError` if files are missing, the checkpoint is LoRA but the model is
+        not (or vice versa), or the tensors do not match the model.
+        """
+        from safetensors.torch import load_file, load_model
+
+        d = Path(path)
+        try:
+            meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{d}: not a checkpoint ({err})") from None
+        if meta.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"{d}: checkpoint format {meta.get('format')} != {FORMAT_VERSION}")
+        if bool(meta["lora"]) != _is_lora(model):
+            raise CheckpointError(f"{d}: checkpoint lora={meta['lora']} but the model lora={_is_lora(model)}; "
+                                  "set model.lora_rank as in the run that wrote it")
+        try:
+            if meta["lora"]:
+                from peft import set_peft_model_state_dict
+
+                result = set_peft_model_state_dict(model, load_file(str(d / "adapter.safetensors")))
+                if getattr(result, "unexpected_keys", None):
+                    raise CheckpointError(f"{d}: adapter has unexpected keys {result.unexpected_keys[:5]}")
+            else:
+                load_model(model, str(d / "model.safetensors"), strict=True)
+            if optimizer is not None:
+                optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+            if restore_rng:
+                set_rng_state(torch.load(d / "rng.pt", weights_only=True))
+        except (OSError, RuntimeError, KeyError, ValueError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(f"{d}: cannot restore checkpoint: {err}") from None
+        return TrainingState(step=int(meta["step"]), run_id=str(meta["run_id"]),
+                             capability=base64.b64decode(meta.get("capability_b64", "")),
+                             fingerprint=str(meta.get("fingerprint", "")), extra=dict(meta.get("extra", {})))
+
+
+def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
+    """Write the policy as a plain Hugging Face directory (``config.json``, ``model.safetensors``,
+    tokenizer files) that loads with ``AutoModelForCausalLM.from_pretrained`` alone.
+
+    A LoRA model is merged into a copy of its base (the live model keeps its adapter). Written to a
+    temporary sibling and renamed into place. Raises ``FileExistsError`` if ``out_dir`` exists, is not
+    empty and is not a previous export (no ``config.json``); ``OSError`` when writing fails.
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise FileExistsError(f"{out} exists and is not an exported model directory; choose another path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plain = copy.deepcopy(model).merge_and_unload() if _is_lora(model) else model
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _install_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

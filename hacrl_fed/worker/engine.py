@@ -1,0 +1,230 @@
+"""Rollout engines: generate G responses per prompt and score them under the behaviour policy.
+
+The worker talks to a :class:`RolloutEngine` (a Protocol), so a vLLM engine can replace the
+Hugging Face one without touching the trainer or the service. :class:`HFRolloutEngine` runs
+batched ``model.generate`` with a KV cache and **left** padding, in sub-batches that bound memory.
+
+Behaviour log-probs (ARCHITECTURE §2 step 2, hacpo-spec §8.3 step 3) are *not* generate's
+processed scores: every response is re-scored teacher-forced (prompt + response, right padding,
+exactly the layout the trainer uses) by :func:`hacrl_fed.algo.logprobs.token_logprobs`, with logits
+divided by the sampling temperature (1.0 for greedy). The count includes the terminal EOS when the
+response stopped on it (the project's EOS convention: "stop" rows keep their EOS on both sides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Sequence
+
+import torch
+
+from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.tokenization.retokenize import clean_response_text, split_generated
+
+__all__ = ["GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "eos_token_ids"]
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Behaviour-policy sampling parameters (the paper's defaults: temperature 1, top-p 1, top-k off).
+
+    ``temperature == 0`` means greedy decoding; log-probs then use temperature 1.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @classmethod
+    def of(cls, obj: Any) -> Sampling:
+        """Build from anything with the four attributes (proto ``SamplingParams``, ``SamplingConfig``).
+
+        Raises ``ValueError`` on out-of-range values.
+        """
+        if isinstance(obj, cls):
+            return obj
+        return cls(float(obj.temperature), float(obj.top_p), int(obj.top_k), int(obj.max_new_tokens))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature applied to logits when scoring (interfaces: greedy ⇒ 1.0)."""
+        return 1.0 if self.greedy else self.temperature
+
+
+@dataclass(frozen=True)
+class GeneratedSample:
+    """One response. ``response_ids`` include the terminal EOS iff ``finish_reason == "stop"``;
+    ``text`` is the shared text (terminal EOS popped, special tokens stripped).
+
+    ``logprob_sum`` = Σ_t log π_old(y_t | prompt, y_<t) in nats over the ``token_count`` =
+    ``len(response_ids)`` response tokens, logits divided by the sampling temperature.
+    """
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    logprob_sum: float
+    token_count: int
+
+
+class RolloutEngine(Protocol):
+    """What the worker needs from a generation backend."""
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: Any,
+                 seed: int) -> list[GeneratedSample]:
+        """``n`` responses per prompt, ordered prompt-major (prompt 0 samples 0..n-1, prompt 1 …)."""
+        ...
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS plus the generation config's EOS id(s)."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    cfg_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    for tid in ([tokenizer.eos_token_id] + (cfg_eos if isinstance(cfg_eos, list) else [cfg_eos])):
+        if tid is not None and int(tid) not in ids:
+            ids.append(int(tid))
+    if not ids:
+        raise ValueError("the tokenizer and the generation config define no EOS token")
+    return ids
+
+
+class HFRolloutEngine:
+    """Batched Hugging Face ``generate`` (KV cache, left padding) + teacher-forced behaviour log-probs.
+
+    Args:
+        model: causal LM (optionally ``peft``-wrapped) on its device.
+        tokenizer: its tokenizer (pad id needed; pad may equal EOS).
+        max_batch_sequences: sequences per ``generate`` call (memory bound).
+        logprob_batch_tokens: padded tokens per scoring forward pass.
+        logprob_chunk_tokens: LM-head chunk of :func:`token_logprobs`.
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch_sequences: int = 32, logprob_batch_tokens: int = 8192,
+                 logprob_chunk_tokens: int = 1024) -> None:
+        if max_batch_sequences < 1 or logprob_batch_tokens < 1:
+            raise ValueError("max_batch_sequences and logprob_batch_tokens must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_sequences = max_batch_sequences
+        self.logprob_batch_tokens = logprob_batch_tokens
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: Any,
+                 seed: int) -> list[GeneratedSample]:
+        """Generate ``n`` responses for every prompt and score them; see :class:`RolloutEngine`.
+
+        Deterministic for a seed (the global torch RNG is forked, so callers' RNG state is untouched).
+        Raises ``ValueError`` for an empty prompt or ``n < 1``, or invalid sampling parameters.
+        """
+        sp = Sampling.of(sampling)
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        prompts = [tuple(int(t) for t in p) for p in prompt_token_ids]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        rows = [(pi, si) for pi in range(len(prompts)) for si in range(n)]
+        responses: list[tuple[tuple[int, ...], FinishReason]] = []
+        was_training = self.model.training
+        self.model.eval()
+        devices = [self.device] if self.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                torch.manual_seed(seed)
+                for start in range(0, len(rows), self.max_batch_sequences):
+                    chunk = rows[start:start + self.max_batch_sequences]
+                    responses.extend(self._generate_batch([prompts[pi] for pi, _ in chunk], sp))
+                scores = self.score([prompts[pi] for pi, _ in rows], [r for r, _ in responses],
+                                    sp.logprob_temperature)
+        finally:
+            self.model.train(was_training)
+        out = []
+        for (pi, si), (resp, finish), (lp_sum, count) in zip(rows, responses, scores):
+            text = clean_response_text(self.tokenizer, resp, eos_ids=self.eos_ids)
+            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, lp_sum, count))
+        return out
+
+    def _generate_batch(self, prompts: list[tuple[int, ...]],
+                        sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason]]:
+        """One left-padded ``generate`` call; cut each row at its first EOS."""
+        from transformers import GenerationConfig
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[b, width - len(p):] = 1
+        warpers = {} if sp.greedy else {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
+                                        "typical_p": 1.0, "min_p": None}
+        gen_cfg = GenerationConfig(
+            do_sample=not sp.greedy, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+            max_new_tokens=sp.max_new_tokens, min_new_tokens=0, eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id, use_cache=True, **warpers,
+        )
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  generation_config=gen_cfg)
+        result: list[tuple[tuple[int, ...], FinishReason]] = []
+        for row in out[:, width:].tolist():
+            ids, finish = split_generated(row, self.eos_ids, sp.max_new_tokens)
+            result.append((tuple(ids), finish))  # type: ignore[arg-type]
+        return result
+
+    def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+              temperature: float = 1.0) -> list[tuple[float, int]]:
+        """(Σ log-prob, token count) of each response given its prompt, teacher-forced.
+
+        Rows are right-padded prompt+response batches of at most ``logprob_batch_tokens`` padded
+        tokens; log-probs come from :func:`token_logprobs` with ``temperature``. Gradients are off.
+        """
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+        out: list[tuple[float, int]] = []
+        start = 0
+        while start < len(lengths):
+            end, width = start, 0
+            while end < len(lengths) and (end == start or max(width, lengths[end]) * (end + 1 - start)
+                                          <= self.logprob_batch_tokens):
+                width = max(width, lengths[end])
+                end += 1
+            out.extend(self._score_batch(prompts[start:end], responses[start:end], width, temperature))
+            start = end
+        return out
+
+    def _score_batch(self, prompts, responses, width: int, temperature: float) -> list[tuple[float, int]]:
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for b, (p, r) in enumerate(zip(prompts, responses)):
+            seq = list(p) + list(r)
+            ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[b, :len(seq)] = 1
+        with torch.no_grad():
+            lp = token_logprobs(self.model, ids.to(self.device), mask.to(self.device), temperature=temperature,
+                                chunk_tokens=self.logprob_chunk_tokens).cpu()
+        return [(float(lp[b, len(p):len(p) + len(r)].double().sum()), len(r))
+                for b, (p, r) in enumerate(zip(prompts, responses))]

@@ -1,0 +1,196 @@
+"""Evaluation of a policy on verifiable problems: avg@k and the unbiased pass@k.
+
+For every problem the policy generates k responses (greedy when k = 1 and temperature 0); the
+same :class:`~hacrl_fed.reward.Verifier` as training scores them. With c correct out of n:
+
+* ``avg@n`` = mean over problems of c / n (the paper's avg@1 with greedy decoding),
+* ``pass@j`` = mean over problems of 1 − C(n − c, j) / C(n, j), the unbiased estimator of
+  Chen et al. (2021), for j ≤ n.
+
+:func:`run_eval` is the body of ``hacrl-fed eval``: it loads the model, reads problems, shows a
+progress bar and writes one JSON line per problem (atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EvalItem", "ProblemResult", "evaluate_items", "pass_at_k", "run_eval", "summarize", "write_jsonl"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 − C(n − c, k) / C(n, k).
+
+    Raises ``ValueError`` unless 0 ≤ c ≤ n and 1 ≤ k ≤ n.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One problem to evaluate."""
+
+    prompt_id: str
+    problem: str
+    reference: str
+    answer_style: str = "boxed"
+
+
+@dataclass
+class ProblemResult:
+    """Outcome of one problem: k responses and their verdicts."""
+
+    prompt_id: str
+    problem: str
+    reference: str
+    correct: int
+    total: int
+    responses: list[str] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    response_tokens: list[int] = field(default_factory=list)
+
+
+def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, samples: int, sampling: Any,
+                   seed: int, system_prompt: str, template: str = "auto", max_prompt_tokens: int | None = None,
+                   chunk_prompts: int = 8, on_progress: Callable[[int], None] | None = None) -> list[ProblemResult]:
+    """Generate ``samples`` responses per item with ``engine``, verify them, return one result per item.
+
+    Items are processed ``chunk_prompts`` at a time (``on_progress(done)`` after each chunk); each
+    chunk gets the seed ``seed + index of its first item`` so a result does not depend on
+    ``chunk_prompts``' effect on RNG consumption across chunks. Raises ``ValueError`` for
+    ``samples < 1`` or invalid sampling parameters.
+    """
+    from hacrl_fed.data.prompts import render_prompt
+
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    results: list[ProblemResult] = []
+    for start in range(0, len(items), max(1, chunk_prompts)):
+        chunk = items[start:start + max(1, chunk_prompts)]
+        prompts = [render_prompt(tokenizer, it.problem, system_prompt=system_prompt, template=template,
+                                 max_tokens=max_prompt_tokens) for it in chunk]
+        generated = engine.generate(prompts, samples, sampling, seed + start)
+        verdicts = verifier.verify([g.text for g in generated],
+                                   [chunk[g.prompt_index].reference for g in generated],
+                                   [chunk[g.prompt_index].answer_style for g in generated],
+                                   [chunk[g.prompt_index].problem for g in generated])
+        for i, it in enumerate(chunk):
+            res = ProblemResult(it.prompt_id, it.problem, it.reference, 0, samples)
+            for g, v in zip(generated, verdicts):
+                if g.prompt_index != i:
+                    continue
+                res.correct += int(v.verdict == "correct")
+                res.responses.append(g.text)
+                res.verdicts.append(v.verdict)
+                res.reasons.append(v.reason)
+                res.finish_reasons.append(g.finish_reason)
+                res.response_tokens.append(g.token_count)
+            results.append(res)
+        if on_progress is not None:
+            on_progress(len(results))
+    return results
+
+
+def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
+    """``avg@n``, ``pass@j`` (j = 1, 2, 4, … ≤ n, and n), ``problems``, ``verifier_error_frac``,
+    ``length_frac`` (responses cut at max_new_tokens), ``response_tokens_mean``.
+
+    All results must have the same ``total`` n; raises ``ValueError`` otherwise. Empty input ⇒ ``{}``.
+    """
+    if not results:
+        return {}
+    n = results[0].total
+    if any(r.total != n for r in results):
+        raise ValueError("all results must have the same number of samples")
+    ks = sorted({j for j in (2 ** e for e in range(n.bit_length())) if j <= n} | {n})
+    out = {f"avg@{n}": sum(r.correct / n for r in results) / len(results), "problems": float(len(results))}
+    for k in ks:
+        out[f"pass@{k}"] = sum(pass_at_k(n, r.correct, k) for r in results) / len(results)
+    verdicts = [v for r in results for v in r.verdicts]
+    finishes = [f for r in results for f in r.finish_reasons]
+    tokens = [t for r in results for t in r.response_tokens]
+    if verdicts:
+        out["verifier_error_frac"] = sum(v == "verifier_error" for v in verdicts) / len(verdicts)
+    if finishes:
+        out["length_frac"] = sum(f == "length" for f in finishes) / len(finishes)
+    if tokens:
+        out["response_tokens_mean"] = sum(tokens) / len(tokens)
+    return out
+
+
+def write_jsonl(path: str | Path, results: Sequence[ProblemResult]) -> Path:
+    """Write one JSON object per problem to ``path`` atomically (tmp file + fsync + ``os.replace``)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def _load_items(data: str, limit: int | None, answer_style: str | None) -> list[EvalItem]:
+    from hacrl_fed.data.datasets import load_file
+
+    problems = load_file(data, answer_style=answer_style or "boxed")
+    if limit is not None:
+        problems = problems[:limit]
+    return [EvalItem(p.id, p.problem, p.answer, p.answer_style) for p in problems]
+
+
+def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, sampling: Any,
+             limit: int | None = None, seed: int = 0, answer_style: str | None = None,
+             verifier_cfg=None, max_batch_sequences: int = 32, show_progress: bool = True) -> dict[str, float]:
+    """Evaluate ``model_cfg`` on the problems in ``data`` (JSONL/parquet; fields id, problem, answer).
+
+    Returns the summary (see :func:`summarize`) plus ``elapsed_s``; writes per-problem JSONL to
+    ``out`` when given. Raises ``ModelLoadError``, ``ValueError`` (bad data or options) or ``OSError``.
+    """
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hacrl_fed.config import VerifierConfig
+    from hacrl_fed.reward import Verifier
+    from hacrl_fed.worker.engine import HFRolloutEngine
+    from hacrl_fed.worker.models import load_model
+
+    items = _load_items(data, limit, answer_style)
+    if not items:
+        raise ValueError(f"{data}: no problems to evaluate")
+    lm = load_model(model_cfg)
+    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences)
+    chunk = max(1, max_batch_sequences // samples)
+    t0 = time.perf_counter()
+    columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Verifier.from_config(verifier_cfg or VerifierConfig()) as verifier, \
+            Progress(*columns, disable=not show_progress, transient=False) as progress:
+        task = progress.add_task("eval", total=len(items))
+        results = evaluate_items(engine, lm.tokenizer, verifier, items, samples=samples, sampling=sampling, seed=seed,
+                                 system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
+                                 max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=chunk,
+                                 on_progress=lambda done: progress.update(task, completed=done))
+    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0}
+    if out:
+        write_jsonl(out, results)
+    return summary

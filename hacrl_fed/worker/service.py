@@ -1,0 +1,164 @@
+"""gRPC face of the agent worker (``protos/hacrl_fed/v1/worker.proto``), loopback or unix socket only.
+
+The servicer is a shim (style anchor "FedRAG's client handler"): decode, call
+:class:`~hacrl_fed.worker.agent.AgentWorker`, encode. Errors become status codes with readable
+messages and the server keeps running:
+
+* :class:`~hacrl_fed.worker.errors.InvalidRequestError` → ``INVALID_ARGUMENT`` (bad plan, prompts, sampling)
+* :class:`~hacrl_fed.worker.errors.PreconditionError` → ``FAILED_PRECONDITION`` (wrong run, no rollouts)
+* anything else → ``INTERNAL`` with ``Type: message`` (the traceback goes to the worker's log)
+
+:func:`run_worker` is the body of the internal ``hacrl-fed worker`` command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from hacrl_fed.v1 import worker_pb2 as wpb
+from hacrl_fed.v1 import worker_pb2_grpc as wgrpc
+from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+
+__all__ = ["GRPC_OPTIONS", "AgentWorkerServicer", "check_bind_address", "connect", "run_worker", "serve",
+           "wait_healthy"]
+
+log = logging.getLogger("hacrl_fed.worker")
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+"""Channel/server options: pooled rollout batches of many agents can be tens of MiB."""
+_LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def check_bind_address(address: str) -> str:
+    """Return ``address`` if it is ``unix:/path`` or a loopback ``host:port``; raise ``ValueError`` otherwise.
+
+    The worker holds the model behind an unauthenticated API, so it must never listen on a
+    routable interface (ARCHITECTURE §1, §6).
+    """
+    if address.startswith("unix:"):
+        if len(address) <= len("unix:") or address.startswith("unix-abstract:"):
+            raise ValueError(f"bad unix socket address {address!r}; use unix:/path/to/socket")
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"bad worker address {address!r}; use 127.0.0.1:PORT (0 = any free port) or unix:/path")
+    if host not in _LOOPBACK_HOSTS:
+        raise ValueError(f"refusing to bind the worker to {host!r}: only loopback (127.0.0.1, ::1, localhost) "
+                         "or a unix socket is allowed, the worker API is not authenticated")
+    return address
+
+
+class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
+    """``AgentWorker`` gRPC service over an :class:`~hacrl_fed.worker.agent.AgentWorker`."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def _call(self, context: grpc.ServicerContext, fn, *args: Any):
+        try:
+            return fn(*args)
+        except InvalidRequestError as err:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        except PreconditionError as err:
+            code, message = grpc.StatusCode.FAILED_PRECONDITION, str(err)
+        except Exception as err:  # noqa: BLE001 - the server must survive any request
+            log.exception("worker request failed")
+            code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+        context.abort(code, message)
+
+    def Generate(self, request, context):
+        return self._call(context, self.worker.generate, request.plan)
+
+    def Train(self, request, context):
+        return self._call(context, self.worker.train, request)
+
+    def Evaluate(self, request, context):
+        return self._call(context, self.worker.evaluate, request)
+
+    def Health(self, request, context):
+        return self._call(context, self.worker.health)
+
+    def Checkpoint(self, request, context):
+        return self._call(context, self.worker.checkpoint, request)
+
+
+def serve(worker, address: str, *, threads: int = 4) -> tuple[grpc.Server, str]:
+    """Start a gRPC server for ``worker`` on ``address``; return it and the bound address.
+
+    ``127.0.0.1:0`` picks a free port (the returned address names it). Raises ``ValueError`` for a
+    non-loopback address, ``RuntimeError`` if the address cannot be bound.
+    """
+    check_bind_address(address)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=GRPC_OPTIONS)
+    wgrpc.add_AgentWorkerServicer_to_server(AgentWorkerServicer(worker), server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as err:
+        raise RuntimeError(f"cannot bind the worker to {address}: {err}") from None
+    if port == 0 and not address.startswith("unix:"):
+        raise RuntimeError(f"cannot bind the worker to {address}")
+    server.start()
+    bound = address if address.startswith("unix:") else f"{address.rpartition(':')[0]}:{port}"
+    return server, bound
+
+
+def connect(address: str) -> tuple[grpc.Channel, wgrpc.AgentWorkerStub]:
+    """Insecure channel (loopback/unix) + stub with the raised message size limits."""
+    channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    return channel, wgrpc.AgentWorkerStub(channel)
+
+
+def wait_healthy(stub: wgrpc.AgentWorkerStub, timeout_s: float = 60.0) -> wpb.HealthResponse:
+    """Block until Health answers ready (or raise ``grpc.RpcError`` after ``timeout_s``)."""
+    return stub.Health(wpb.HealthRequest(), timeout=timeout_s, wait_for_ready=True)
+
+
+def _write_address(path: str | Path, address: str) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(address + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def run_worker(cfg, *, address: str | None = None, address_file: str | None = None, resume: bool = True) -> None:
+    """Load the agent of ``cfg`` (a ``ClientConfig``), serve it until SIGINT/SIGTERM.
+
+    When healthy, prints ``worker <name> listening on <address>`` and writes the address to
+    ``address_file`` (atomically). Raises ``ValueError`` for a non-loopback address and the
+    loading errors of :class:`~hacrl_fed.worker.agent.AgentWorker`.
+    """
+    from hacrl_fed.worker.agent import AgentWorker
+
+    agent = cfg.agent
+    addr = check_bind_address(address or agent.worker_address)
+    ckpt = agent.checkpoint_dir or str(Path(cfg.output_dir) / agent.name / "checkpoints")
+    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume)
+    stop = threading.Event()
+    try:
+        server, bound = serve(worker, addr)
+        _, stub = connect(bound)
+        wait_healthy(stub)
+        if address_file:
+            _write_address(address_file, bound)
+        print(f"worker {agent.name} listening on {bound}", flush=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        server.stop(grace=5).wait()
+    finally:
+        worker.close()

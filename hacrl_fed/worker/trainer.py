@@ -1,0 +1,276 @@
+"""The learner's training step (ARCHITECTURE §2 step 4; hacpo-spec §8.3 step 6).
+
+:meth:`Trainer.train_step` reads as the step itself::
+
+    own rollouts of the step (kept in memory since Generate, with their token ids)
+      → open peers' envelopes against the site's own roster (reject with a reason, never train on them)
+      → apply the coordinator's reward corrections (its verdict wins)
+      → training rows: own ids as generated, foreign text re-tokenized (prompt re-rendered)
+      → capability ratios r_{j→k} from the coordinator's CapabilityTable (clipped, warm-up ⇒ 1)
+      → advantages (Eqs. 6–7) → HACPO update (mini-batches, AdamW) → TrainReport
+
+Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hacrl_fed.algo.advantages import row_advantages
+from hacrl_fed.algo.capability import capability_ratio
+from hacrl_fed.algo.config import AlgoConfig
+from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.config import OptimConfig
+from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
+from hacrl_fed.tokenization.retokenize import drift_stats
+from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
+from hacrl_fed.v1 import rollout_pb2 as pb
+from hacrl_fed.worker.engine import GeneratedSample
+from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+
+__all__ = ["StepRollouts", "Trainer", "check_batch", "process_rss_bytes"]
+
+
+@dataclass
+class StepRollouts:
+    """The learner's own rollouts of one step, as Generate produced and signed them."""
+
+    run_id: str
+    step: int
+    prompt_ids: dict[str, tuple[int, ...]]
+    """Learner rendering of every prompt of the plan (also used for foreign rows)."""
+    samples: dict[tuple[str, int], GeneratedSample]
+    """Generated ids per (prompt_id, sample_index)."""
+    payload: bytes
+    """Exact serialized own RolloutBatch that was signed."""
+    temperature: float
+    """Temperature of the behaviour log-probs (1.0 for greedy)."""
+    batch: pb.RolloutBatch = field(default_factory=pb.RolloutBatch)
+
+
+def process_rss_bytes() -> float:
+    """Resident set size of this process in bytes (psutil)."""
+    import psutil
+
+    return float(psutil.Process().memory_info().rss)
+
+
+def check_batch(batch: pb.RolloutBatch, prompt_ids: Mapping[str, object]) -> str | None:
+    """Content checks of a (signature-verified) batch; returns the reason it is unusable, or None.
+
+    Checks: known prompt ids, unique (prompt id, sample index), finite numbers, reward in [0, 1],
+    behaviour log-prob sum ≤ 0 over ≥ 1 token, finish reason STOP or LENGTH.
+    """
+    seen: set[tuple[str, int]] = set()
+    for r in batch.rollouts:
+        where = f"rollout {r.prompt_id!r}/{r.sample_index}"
+        key = (r.prompt_id, r.sample_index)
+        if r.prompt_id not in prompt_ids:
+            return f"{where}: prompt id is not in the plan"
+        if key in seen:
+            return f"{where}: duplicate sample index"
+        seen.add(key)
+        if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
+            return f"{where}: reward {r.reward} is not in [0, 1]"
+        if r.behaviour_token_count < 1 or not math.isfinite(r.behaviour_logprob_sum) or r.behaviour_logprob_sum > 1e-4:
+            return f"{where}: behaviour log-prob needs a finite sum <= 0 over >= 1 token"
+        if r.finish_reason not in (pb.STOP, pb.LENGTH):
+            return f"{where}: finish reason must be STOP or LENGTH"
+    return None
+
+
+class Trainer:
+    """One site's learner: optimizer, the step's own rollouts, and the HACPO training step.
+
+    Args:
+        agent: this site's agent id (learner k).
+        model, tokenizer: the policy being trained (parameters updated in place).
+        algo, optim: algorithm and optimizer settings.
+        max_response_tokens: learner-side response cap (own and foreign rows).
+        roster: agent id → Ed25519 public key, received out of band.
+        ref_model: frozen reference for the KL term (required when ``algo.kl_coef > 0``).
+        max_batch_bytes: size cap of one peer RolloutBatch.
+        gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
+    """
+
+    def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
+                 max_response_tokens: int, roster: Mapping, ref_model=None,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False) -> None:
+        self.agent = agent
+        self.model = model
+        self.tokenizer = tokenizer
+        self.algo = algo
+        self.optim = optim
+        self.max_response_tokens = max_response_tokens
+        self.roster = roster
+        self.ref_model = ref_model
+        self.max_batch_bytes = max_batch_bytes
+        self.gradient_checkpointing = gradient_checkpointing
+        self.optimizer = make_optimizer(model, optim)
+        self.pending: StepRollouts | None = None
+        self.step = 0
+        self.run_id = ""
+        self.capability = b""
+        """Serialized CapabilityTable of the last completed step (checkpointed)."""
+
+    def remember(self, rollouts: StepRollouts) -> None:
+        """Keep the own rollouts of the step Generate just produced (replaces older ones)."""
+        self.pending = rollouts
+
+    def train_step(self, plan: pb.RoundPlan, envelopes: Sequence[pb.SignedEnvelope],
+                   capability_table: pb.CapabilityTable) -> pb.TrainReport:
+        """Verify, build rows, compute advantages and update the model for ``plan``'s step.
+
+        Raises :class:`PreconditionError` when this worker holds no rollouts for (run id, step) or
+        the capability table is for another run/step; :class:`InvalidRequestError` when the table
+        lacks a capability the update needs. Rejected peer batches are reported, not raised.
+        """
+        t0 = time.perf_counter()
+        own = self._own_rollouts(plan, capability_table)
+        batches, rejected = self._open_batches(envelopes, own)
+        t_verify = time.perf_counter()
+        rewards = self._rewards(batches, capability_table)
+        foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
+                   if self.algo.share_rollouts else {})
+        rows, dropped = self._rows(own, foreign, rewards)
+        t_rows = time.perf_counter()
+        ratios = self._ratios(capability_table, sorted(foreign))
+        advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
+        t_adv = time.perf_counter()
+        metrics = self._update(rows, advantages, ratios, own.temperature)
+        t_update = time.perf_counter()
+        self.step, self.run_id = own.step, own.run_id
+        self.capability = capability_table.SerializeToString(deterministic=True)
+        self.pending = None
+        gc.collect()
+        timings = {"time/verify_s": t_verify - t0, "time/rows_s": t_rows - t_verify,
+                   "time/advantages_s": t_adv - t_rows, "time/update_s": t_update - t_adv,
+                   "time/total_s": time.perf_counter() - t0}
+        ignored = 0 if self.algo.share_rollouts else len(batches) - 1
+        counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped)}
+        return self._report(own, rows, ratios, metrics | timings | counts, rejected)
+
+    # ------------------------------------------------------------------ phases
+
+    def _own_rollouts(self, plan: pb.RoundPlan, table: pb.CapabilityTable) -> StepRollouts:
+        own = self.pending
+        if own is None or own.run_id != plan.run_id or own.step != plan.step:
+            have = f"run {own.run_id!r} step {own.step}" if own else "none"
+            raise PreconditionError(f"no own rollouts for run {plan.run_id!r} step {plan.step} (this worker holds: "
+                                    f"{have}); call Generate for this step first")
+        if table.run_id and (table.run_id != plan.run_id or table.step != plan.step):
+            raise PreconditionError(f"capability table is for run {table.run_id!r} step {table.step}, "
+                                    f"the plan for run {plan.run_id!r} step {plan.step}")
+        return own
+
+    def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope],
+                      own: StepRollouts) -> tuple[dict[str, pb.RolloutBatch], list[str]]:
+        """Open every envelope against the roster; bad, duplicate or inconsistent ones are rejected."""
+        batches: dict[str, pb.RolloutBatch] = {self.agent: own.batch}
+        rejected: list[str] = []
+        for env in envelopes:
+            who = env.key_id or "<no key id>"
+            if env.key_id == self.agent:
+                if env.payload != own.payload:
+                    rejected.append(f"{who}: own batch differs from the one this worker signed")
+                continue
+            try:
+                batch = open_envelope(env, self.roster, run_id=own.run_id, step=own.step,
+                                      max_bytes=self.max_batch_bytes)
+            except EnvelopeError as err:
+                rejected.append(f"{who}: {type(err).__name__}: {err}")
+                continue
+            if batch.agent_id in batches:
+                rejected.append(f"{who}: duplicate batch for this step")
+                continue
+            reason = check_batch(batch, own.prompt_ids)
+            if reason:
+                rejected.append(f"{who}: {reason}")
+                continue
+            batches[batch.agent_id] = batch
+        return batches, rejected
+
+    def _rewards(self, batches: Mapping[str, pb.RolloutBatch],
+                 table: pb.CapabilityTable) -> dict[tuple[str, str, int], float]:
+        """Reward per (agent, prompt id, sample index): the batch's, overridden by the coordinator's corrections."""
+        rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, b in batches.items() for r in b.rollouts}
+        for c in table.corrections:
+            key = (c.agent_id, c.prompt_id, c.sample_index)
+            if key in rewards:
+                if not (math.isfinite(c.reward) and 0.0 <= c.reward <= 1.0):
+                    raise InvalidRequestError(f"reward correction {key} has reward {c.reward} outside [0, 1]")
+                rewards[key] = float(c.reward)
+        return rewards
+
+    def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
+              rewards: Mapping) -> tuple[list[TrainingRow], int]:
+        """Own rows (generated ids) + foreign rows (re-tokenized); rows left without a response token are
+        dropped and counted."""
+        own_rows = [
+            own_row(prompt_id=pid, sample_index=idx, agent=self.agent, prompt_ids=own.prompt_ids[pid],
+                    response_ids=s.response_ids, reward=rewards[(self.agent, pid, idx)],
+                    behaviour_logprob_sum=s.logprob_sum, finish_reason=s.finish_reason,
+                    max_response_tokens=self.max_response_tokens)
+            for (pid, idx), s in own.samples.items()
+        ]
+        rows = build_rows(self.tokenizer, own.prompt_ids, own_rows, foreign, self.max_response_tokens,
+                          rewards=rewards)
+        kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
+        return kept, len(rows) - len(kept)
+
+    def _ratios(self, table: pb.CapabilityTable, sources: list[str]) -> dict[str, float]:
+        """r_{j→k} for every foreign source j (1 during warm-up), from the coordinator's capabilities."""
+        if not sources:
+            return {}
+        caps = {a.agent_id: a.capability for a in table.agents}
+        missing = [a for a in [self.agent, *sources] if a not in caps]
+        if missing:
+            raise InvalidRequestError(f"capability table has no entry for {', '.join(missing)}")
+        if table.warmup:
+            return {j: 1.0 for j in sources}
+        try:
+            return {j: capability_ratio(caps[j], caps[self.agent], ratio_clip=self.algo.ratio_clip) for j in sources}
+        except ValueError as err:
+            raise InvalidRequestError(f"bad capability table: {err}") from None
+
+    def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
+                temperature: float) -> dict[str, float]:
+        was_training = self.model.training
+        self.model.train(self.gradient_checkpointing)
+        try:
+            return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
+                                learner=self.agent, ref_model=self.ref_model, temperature=temperature,
+                                pad_id=self.tokenizer.pad_token_id)
+        finally:
+            self.model.train(was_training)
+
+    def _report(self, own: StepRollouts, rows: list[TrainingRow], ratios: dict[str, float],
+                metrics: dict[str, float], rejected: list[str]) -> pb.TrainReport:
+        metrics = dict(metrics) | drift_stats(rows)
+        groups: dict[str, set[float]] = {}
+        for row in rows:
+            groups.setdefault(row.prompt_id, set()).add(row.reward)
+            key = f"src/{row.source_agent}/"
+            metrics[key + "tokens"] = metrics.get(key + "tokens", 0.0) + row.learner_token_count
+            metrics[key + "reward_sum"] = metrics.get(key + "reward_sum", 0.0) + row.reward
+        for src in {r.source_agent for r in rows}:
+            metrics[f"src/{src}/reward_mean"] = metrics.pop(f"src/{src}/reward_sum") / metrics[f"src/{src}/rows"]
+            metrics[f"src/{src}/capability_ratio"] = ratios.get(src, 1.0)
+        metrics |= {"zero_variance_group_frac": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
+                    "rejected_batches": float(len(rejected)),
+                    "temperature": own.temperature, "rss_bytes": process_rss_bytes()}
+        report = pb.TrainReport(run_id=own.run_id, step=own.step, agent_id=self.agent, rejected=rejected)
+        per_source: dict[str, dict[str, float]] = {}
+        for key, value in metrics.items():
+            if key.startswith("src/"):
+                _, src, name = key.split("/", 2)
+                per_source.setdefault(src, {})[name] = float(value)
+            else:
+                report.metrics[key] = float(value)
+        for src in sorted(per_source):
+            report.per_source.add(source_agent=src, metrics=per_source[src])
+        return report

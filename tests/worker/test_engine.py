@@ -1,0 +1,101 @@
+"""Rollout engine: batched = per-sample under greedy decoding, behaviour log-probs, EOS handling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+
+KINDS = ["tiny-llama-bpe", "tiny-gemma-unigram"]
+
+
+def _naive_logprob_sum(model, prompt, response, temperature):
+    """Σ log softmax(logits / T)[token] over the response, one full forward, no padding."""
+    ids = torch.tensor([list(prompt) + list(response)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    pos = range(len(prompt), len(prompt) + len(response))
+    return float(sum(logp[t - 1, ids[0, t]] for t in pos))
+
+
+def _with_extra_eos(lm, prompts, engine_kw=None):
+    """Declare a token the model greedily emits mid-response as an extra EOS id, so rows really stop."""
+    eng = HFRolloutEngine(lm.model, lm.tokenizer, **(engine_kw or {}))
+    probe = eng.generate(prompts, 1, Sampling(temperature=0, max_new_tokens=12), seed=0)
+    token = probe[1].response_ids[5]
+    lm.model.generation_config.eos_token_id = [lm.tokenizer.eos_token_id, token]
+    return HFRolloutEngine(lm.model, lm.tokenizer, **(engine_kw or {})), token
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_equals_per_sample_greedy(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    eng, extra_eos = _with_extra_eos(lm, prompts, {"max_batch_sequences": 3})
+    sp = Sampling(temperature=0, max_new_tokens=20)
+    batched = eng.generate(prompts, 2, sp, seed=7)
+    assert [(s.prompt_index, s.sample_index) for s in batched] == [(p, i) for p in range(4) for i in range(2)]
+    assert {s.finish_reason for s in batched} == {"stop", "length"}, "test needs both finish reasons"
+    for p, prompt in enumerate(prompts):
+        single = eng.generate([prompt], 1, sp, seed=123)[0]
+        for s in batched[2 * p:2 * p + 2]:
+            assert s.response_ids == single.response_ids
+            assert s.finish_reason == single.finish_reason
+            assert s.text == single.text
+            assert s.token_count == single.token_count == len(s.response_ids)
+            assert s.logprob_sum == pytest.approx(single.logprob_sum, abs=1e-4)
+    for s in batched:
+        if s.finish_reason == "stop":
+            assert s.response_ids[-1] == extra_eos and extra_eos not in s.response_ids[:-1]
+        else:
+            assert len(s.response_ids) == 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_behaviour_logprobs_match_naive_forward(load_tiny, render_prompts, kind, temperature):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    eng, _ = _with_extra_eos(lm, prompts, {"logprob_batch_tokens": 64, "logprob_chunk_tokens": 5})
+    samples = eng.generate(prompts, 2, Sampling(temperature=temperature, max_new_tokens=16), seed=3)
+    t = 1.0 if temperature == 0 else temperature
+    stops = [s for s in samples if s.finish_reason == "stop"]
+    for s in samples:
+        expected = _naive_logprob_sum(lm.model, s.prompt_ids, s.response_ids, t)
+        assert s.logprob_sum == pytest.approx(expected, rel=1e-5, abs=1e-4)
+        assert s.token_count == len(s.response_ids)
+        assert math.isfinite(s.logprob_sum) and s.logprob_sum < 0
+    if temperature == 0:
+        assert stops, "greedy run must include a stopped row (terminal EOS counted)"
+
+
+def test_sampling_is_seeded_and_leaves_global_rng_alone(load_tiny, render_prompts):
+    lm = load_tiny("tiny-gemma-unigram")
+    eng = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=5)
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=10)
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    a = eng.generate(prompts, 3, sp, seed=11)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = eng.generate(prompts, 3, sp, seed=11)
+    c = eng.generate(prompts, 3, sp, seed=12)
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]
+    assert [s.response_ids for s in a] != [s.response_ids for s in c]
+    assert len({s.response_ids for s in a}) > 1
+
+
+def test_sampling_validation_and_bad_input(load_tiny):
+    lm = load_tiny("tiny-gemma-unigram")
+    eng = HFRolloutEngine(lm.model, lm.tokenizer)
+    for bad in [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1), dict(max_new_tokens=0)]:
+        with pytest.raises(ValueError):
+            Sampling(**bad)
+    with pytest.raises(ValueError, match="at least one token"):
+        eng.generate([[]], 1, Sampling(), seed=0)
+    with pytest.raises(ValueError, match="n must be"):
+        eng.generate([[1, 2]], 0, Sampling(), seed=0)

@@ -1,0 +1,69 @@
+"""avg@k / pass@k and the ``hacrl-fed eval`` command."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hacrl_fed.cli import app
+from hacrl_fed.worker.evaluate import ProblemResult, pass_at_k, summarize
+
+GSM8K_TEST = Path("/work/shared/data/math/gsm8k_test.jsonl")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_pass_at_k_equals_subset_enumeration(n):
+    for c in range(n + 1):
+        outcomes = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(outcomes, k))
+            assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError):
+        pass_at_k(n, n + 1, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(n, 0, n + 1)
+
+
+def test_summarize():
+    results = [ProblemResult("a", "", "", 2, 4, verdicts=["correct"] * 2 + ["incorrect"] * 2,
+                             finish_reasons=["stop"] * 3 + ["length"], response_tokens=[4, 4, 8, 8]),
+               ProblemResult("b", "", "", 0, 4, verdicts=["incorrect"] * 3 + ["verifier_error"],
+                             finish_reasons=["stop"] * 4, response_tokens=[2] * 4)]
+    s = summarize(results)
+    assert s["avg@4"] == 0.25 and s["problems"] == 2
+    assert s["pass@1"] == pytest.approx(0.25) and s["pass@4"] == 0.5
+    assert s["pass@2"] == pytest.approx((1 - 1 / 6) / 2)
+    assert s["verifier_error_frac"] == 1 / 8 and s["length_frac"] == 1 / 8 and s["response_tokens_mean"] == 4.0
+    with pytest.raises(ValueError):
+        summarize(results + [ProblemResult("c", "", "", 0, 2)])
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared GSM8K test file not present")
+def test_eval_command_on_gsm8k_rows(tmp_path, model_cache, monkeypatch):
+    monkeypatch.setenv("HACRL_FED_CACHE", model_cache)
+    out = tmp_path / "res" / "results.jsonl"
+    result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", str(GSM8K_TEST), "--limit", "20",
+                                      "--samples", "2", "--max-new-tokens", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["problems"] == 20 and 0.0 <= summary["avg@2"] <= summary["pass@2"] <= 1.0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    expected_ids = [json.loads(line)["id"] for line in GSM8K_TEST.read_text().splitlines()[:20]]
+    assert [r["prompt_id"] for r in rows] == expected_ids
+    for r in rows:
+        assert r["total"] == 2 and len(r["responses"]) == 2 and 0 <= r["correct"] <= 2
+        assert set(r["verdicts"]) <= {"correct", "incorrect", "verifier_error"}
+        assert all(1 <= t <= 8 for t in r["response_tokens"])
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]   # no temp files left
+
+
+def test_eval_command_errors(tmp_path):
+    runner = CliRunner()
+    missing = runner.invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", str(tmp_path / "nope.jsonl")])
+    assert missing.exit_code == 2 and "no such data file" in missing.output
+    bad = runner.invoke(app, ["eval", "--model", "x", "--data", str(tmp_path), "--dtype", "float64"])
+    assert bad.exit_code == 2 and "dtype" in bad.output
