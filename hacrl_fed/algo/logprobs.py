@@ -1,11 +1,19 @@
 """Selected-token log-probs of a causal LM, computed without a full ``[tokens, vocab]`` log-softmax.
 
 The base model (decoder) produces the last hidden states once; the LM head is then applied to
-``chunk_tokens`` positions at a time. Each chunk returns only ``log π(y_t | y_<t)`` for the token
-actually present, and is wrapped in :func:`torch.utils.checkpoint.checkpoint`, so backward
-recomputes the chunk's logits instead of keeping them: peak memory grows with
-``chunk_tokens × vocab`` instead of ``batch × seq × vocab`` (ARCHITECTURE §5, §7). With Gemma's
-262 144-entry vocabulary this is what lets two CPU workers share one machine.
+``chunk_tokens`` positions at a time and each chunk yields only ``log π(y_t | y_<t)`` of the token
+actually present, so peak memory grows with ``chunk_tokens × vocab`` instead of
+``batch × seq × vocab`` (ARCHITECTURE §5, §7). With Gemma's 262 144-entry vocabulary this is what
+lets two CPU workers share one machine.
+
+Two backward paths give the same values and gradients:
+
+* plain ``nn.Linear`` head (the usual case, tied or not): :class:`_LinearSelectedLogProb`, a
+  hand-written backward that recomputes each chunk's logits and forms ``onehot − softmax`` in place
+  (one ``[chunk, V]`` float32 buffer live at a time);
+* any other head (LoRA-wrapped, quantized): autograd per chunk under
+  :func:`torch.utils.checkpoint.checkpoint`. Autograd keeps several ``[chunk, V]`` temporaries, so this
+  path saves far less (``benchmarks/bench_logprobs.py``).
 
 Alignment convention (shared by every caller): ``out[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``,
 0 at ``t = 0``, at padding, and at the first real token of a left-padded row.
@@ -95,8 +103,11 @@ class _LinearSelectedLogProb(torch.autograd.Function):
         lse = torch.empty_like(out)
         for s in range(0, hidden.shape[0], chunk):
             z = _transform(F.linear(hidden[s:s + chunk], weight, bias).float(), cap, scale, inv_temperature)
-            lse[s:s + chunk] = torch.logsumexp(z, dim=-1)
-            out[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+            selected = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
+            top = z.amax(dim=-1, keepdim=True)  # logsumexp in place: no second [chunk, V] buffer
+            lse[s:s + chunk] = z.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
+            out[s:s + chunk] = selected - lse[s:s + chunk]
+            del z
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.consts = (chunk, cap, scale, inv_temperature)
         return out
@@ -131,9 +142,9 @@ class _LinearSelectedLogProb(torch.autograd.Function):
             if need_b:
                 grad_b += dz.float().sum(0)
             del z, dz
-        cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
-        return grad_h, cast(grad_w, weight), (cast(grad_b, bias) if bias is not None else None), \
-            None, None, None, None, None
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -189,10 +200,10 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
     if fused is None:
         fused = type(head) is nn.Linear
+    elif fused and type(head) is not nn.Linear:
+        raise TypeError(f"fused=True needs a plain torch.nn.Linear LM head, got {type(head).__name__}")
     parts = []
     if fused and h.shape[0]:
-        if type(head) is not nn.Linear:
-            raise TypeError(f"fused=True needs a plain torch.nn.Linear LM head, got {type(head).__name__}")
         parts.append(_LinearSelectedLogProb.apply(h, head.weight, head.bias, targets, chunk_tokens, cap, scale, inv_t))
     else:
         for s in range(0, h.shape[0], chunk_tokens):

@@ -85,7 +85,7 @@ def _unigram_tokenizer(vocab_size: int):
             counts[piece] += 1
             for size in (1, 2, 3):
                 counts.update(word[i:i + size] for i in range(len(word) - size + 1))
-    alphabet = sorted(set("".join(_corpus(2))) | set(string.printable.strip()) | {"\u2581"})
+    alphabet = sorted(set("".join(_corpus(2))) | set(string.printable.strip()) | set("\n\t≈") | {"\u2581"})
     chars = {c: max(counts[c], 1) for c in alphabet}
     multi = sorted(((p, n) for p, n in counts.items() if len(p) > 1), key=lambda pn: (-pn[1], pn[0]))
     budget = max(vocab_size - len(specials) - len(chars), 0)

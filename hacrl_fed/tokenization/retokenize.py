@@ -1,0 +1,83 @@
+"""Text-level helpers around re-tokenization: what a site publishes, and how far re-encoding drifts.
+
+The publisher turns its generated ids into shared text with :func:`clean_response_text` (terminal EOS
+popped, remaining special tokens stripped, hacpo-spec §7 [O] / §12); the finish reason travels on the wire
+instead of the EOS. Learners re-encode that text (:func:`hacrl_fed.tokenization.views.foreign_row`), so
+the token count changes: :func:`drift_stats` summarises the learner/source ratio L_k / L_j per source
+agent (ARCHITECTURE §8, "re-tokenization drift").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Sequence
+
+from .views import TrainingRow
+
+
+def _eos_ids(tokenizer, eos_ids: Collection[int] | None) -> set[int]:
+    if eos_ids is not None:
+        return {int(t) for t in eos_ids}
+    return set() if tokenizer.eos_token_id is None else {int(tokenizer.eos_token_id)}
+
+
+def split_generated(ids: Sequence[int], eos_ids: Collection[int], max_new_tokens: int) -> tuple[list[int], str]:
+    """Exact response of one generated row: the ids up to and including the first EOS (finish reason ``stop``),
+    else the first ``max_new_tokens`` ids (``length``). Anything after the EOS is padding and is dropped;
+    pad-id tokens *before* it are kept (pad may be an ordinary id inside a response).
+    """
+    eos = {int(t) for t in eos_ids}
+    for i, tok in enumerate(ids):
+        if int(tok) in eos:
+            return [int(t) for t in ids[: i + 1]], "stop"
+    return [int(t) for t in ids[:max_new_tokens]], "length"
+
+
+def clean_response_text(tokenizer, ids: Sequence[int], *, eos_ids: Collection[int] | None = None) -> str:
+    """Shared text of a generated response: decode ``ids`` minus a terminal EOS with ``skip_special_tokens=True``.
+
+    Args:
+        tokenizer: the generator's (source) tokenizer.
+        ids: the exact generated response ids (no trailing padding), EOS included if it stopped.
+        eos_ids: ids that end a response; defaults to ``{tokenizer.eos_token_id}``.
+
+    Returns the response text with special tokens (chat-turn markers, pad, …) stripped and spaces left as
+    decoded (``clean_up_tokenization_spaces=False``).
+    """
+    ids = [int(t) for t in ids]
+    if ids and ids[-1] in _eos_ids(tokenizer, eos_ids):
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def drift_stats(rows: Iterable[TrainingRow]) -> dict[str, float]:
+    """Re-tokenization drift of foreign rows: L_k / L_j per source agent and overall.
+
+    Keys: ``src/<agent>/token_ratio_mean|min|max``, ``src/<agent>/truncated_frac``, ``src/<agent>/rows`` and
+    ``retok/token_ratio_mean``, ``retok/truncated_frac``, ``retok/rows``. Own rows and rows with L_j = 0 are
+    skipped in the ratios (truncated rows are included, their L_k is the retained count). Empty input ⇒ ``{}``.
+    """
+    ratios: dict[str, list[float]] = defaultdict(list)
+    truncated: dict[str, list[bool]] = defaultdict(list)
+    for row in rows:
+        if row.is_own:
+            continue
+        truncated[row.source_agent].append(row.truncated)
+        if row.behaviour_token_count > 0:
+            ratios[row.source_agent].append(row.learner_token_count / row.behaviour_token_count)
+    out: dict[str, float] = {}
+    for agent in sorted(truncated):
+        r = ratios[agent]
+        out[f"src/{agent}/rows"] = float(len(truncated[agent]))
+        out[f"src/{agent}/truncated_frac"] = sum(truncated[agent]) / len(truncated[agent])
+        out[f"src/{agent}/token_ratio_mean"] = sum(r) / len(r) if r else math.nan
+        out[f"src/{agent}/token_ratio_min"] = min(r) if r else math.nan
+        out[f"src/{agent}/token_ratio_max"] = max(r) if r else math.nan
+    if truncated:
+        every = [x for agent in truncated for x in ratios[agent]]
+        flags = [x for agent in truncated for x in truncated[agent]]
+        out["retok/rows"] = float(len(flags))
+        out["retok/truncated_frac"] = sum(flags) / len(flags)
+        out["retok/token_ratio_mean"] = sum(every) / len(every) if every else math.nan
+    return out
