@@ -205,7 +205,7 @@ def client_cmd(
     from pydantic import ValidationError
 
     from hacrl_fed.config import ClientConfig, ConfigError, format_validation_error, load_config
-    from hacrl_fed.federation.client_cmd import resolve_client_config, run_client
+    from hacrl_fed.federation.client_cmd import fill_site_layout, resolve_client_config, run_client
 
     _cli_logging()
     try:
@@ -226,7 +226,7 @@ def client_cmd(
         data.update({k: v for k, v in top.items() if v is not None})
         if insecure:
             data["insecure"] = True
-        cfg = resolve_client_config(ClientConfig.model_validate(data))
+        cfg = resolve_client_config(fill_site_layout(ClientConfig.model_validate(data)))
     except ValidationError as err:
         fail(format_validation_error(err, str(config or "options")).replace("\n", "; "))
     except ConfigError as err:
