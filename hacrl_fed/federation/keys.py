@@ -23,9 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import re
-import tempfile
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +32,12 @@ from pathlib import Path
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from hacrl_fed.atomic import atomic_write_bytes
 
 __all__ = [
     "AGENT_NAME_PATTERN",
@@ -83,25 +86,7 @@ def validate_agent_name(name: str) -> str:
 
 
 def _atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
-
-    The temporary file is created with ``mode`` from the start (never briefly world-readable).
-    Raises OSError.
-    """
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:  # report the file the caller asked for, not the temporary name
-        raise OSError(err.errno, err.strerror, str(path)) from None
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data, mode=mode)
 
 
 def write_private_file(path: str | Path, data: bytes) -> None:

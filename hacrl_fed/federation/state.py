@@ -18,10 +18,11 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hacrl_fed.atomic import atomic_write_text
 
 __all__ = ["STATE_VERSION", "CoordinatorState", "MetricsLog", "StateError", "load_state", "run_digest", "save_state"]
 
@@ -76,23 +77,10 @@ def run_digest(settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_state(path: str | Path, state: CoordinatorState) -> None:
     """Write ``state`` atomically as JSON. Raises OSError; ValueError for non-finite numbers."""
-    _atomic_write_text(Path(path), json.dumps(asdict(state), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(path), json.dumps(asdict(state), indent=1, sort_keys=True, allow_nan=False) + "\n")
 
 
 def load_state(path: str | Path, *, run_id: str, config_digest: str) -> CoordinatorState | None:

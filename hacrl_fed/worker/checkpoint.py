@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hacrl_fed.atomic import atomic_write_text, fsync_dir
+
 __all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "export_hf", "get_rng_state", "set_rng_state"]
 
 FORMAT_VERSION = 1
@@ -77,21 +79,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(path: Path) -> None:
     for p in sorted(path.rglob("*")):
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
     for d in sorted({p.parent for p in path.rglob("*")} | {path}):
-        _fsync_dir(d)
+        fsync_dir(d)
 
 
 def _install_dir(tmp: Path, final: Path) -> None:
@@ -102,7 +96,7 @@ def _install_dir(tmp: Path, final: Path) -> None:
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -160,13 +154,8 @@ class CheckpointManager:
         (d / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
     def _write_latest(self, name: str) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".latest.", dir=self.root)
-        with os.fdopen(fd, "w") as f:
-            f.write(name + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / "latest")
-        _fsync_dir(self.root)
+        atomic_write_text(self.root / "latest", name + "\n")
+        fsync_dir(self.root)
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints under ``root``, oldest first."""

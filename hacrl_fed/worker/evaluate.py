@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hacrl_fed.atomic import atomic_write_text
 
 __all__ = ["EvalItem", "ProblemResult", "evaluate_items", "pass_at_k", "run_eval", "summarize", "write_jsonl"]
 
@@ -135,17 +135,7 @@ def write_jsonl(path: str | Path, results: Sequence[ProblemResult]) -> Path:
     """Write one JSON object per problem to ``path`` atomically (tmp file + fsync + ``os.replace``)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in results:
-                f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(p, "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in results))
     return p
 
 
@@ -168,7 +158,13 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     """
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from hacrl_fed.config import VerifierConfig
     from hacrl_fed.reward import Verifier

@@ -14,9 +14,7 @@ messages and the server keeps running:
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import tempfile
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from hacrl_fed.atomic import atomic_write_text
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.v1 import worker_pb2_grpc as wgrpc
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
@@ -125,14 +124,8 @@ def wait_healthy(stub: wgrpc.AgentWorkerStub, timeout_s: float = 60.0) -> wpb.He
 
 
 def _write_address(path: str | Path, address: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(address + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, address + "\n")
 
 
 def run_worker(cfg, *, address: str | None = None, address_file: str | None = None, resume: bool = True) -> None:
