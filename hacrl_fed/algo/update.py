@@ -56,15 +56,28 @@ def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
                              weight_decay=optim.weight_decay)
 
 
-def order_rows(rows: Sequence[TrainingRow], learner: str) -> list[int]:
+def source_order(sources: Sequence[str], rotation: int = 0) -> list[str]:
+    """Sources in sorted name order, rotated left by ``rotation`` (e.g. the step number).
+
+    Later mini-batches get tighter stepwise bounds (Eq. 14), so a fixed order would always give
+    the same source the tightest window; rotating by step spreads that evenly over N − 1 sources.
+    """
+    ordered = sorted(set(sources))
+    if not ordered:
+        return []
+    k = rotation % len(ordered)
+    return ordered[k:] + ordered[:k]
+
+
+def order_rows(rows: Sequence[TrainingRow], learner: str, rotation: int = 0) -> list[int]:
     """Indices of ``rows``: the learner's own rows first (input order), then each source agent in
-    sorted order (input order within a source), as [O] does (spec §5.3)."""
+    :func:`source_order` (input order within a source), as [O] does (spec §5.3)."""
     own = [i for i, r in enumerate(rows) if r.source_agent == learner]
     by_source: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         if r.source_agent != learner:
             by_source[r.source_agent].append(i)
-    return own + [i for source in sorted(by_source) for i in by_source[source]]
+    return own + [i for source in source_order(list(by_source), rotation) for i in by_source[source]]
 
 
 def plan_minibatches(is_own: Sequence[bool], mini_batch_rows: int, *, epochs: int = 1,
@@ -261,7 +274,8 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
 def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Sequence[TrainingRow],
                  advantages: Sequence[float], ratios: Mapping[str, float], algo: AlgoConfig,
                  optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
-                 temperature: float = 1.0, pad_id: int | None = None) -> dict[str, float]:
+                 temperature: float = 1.0, pad_id: int | None = None,
+                 source_rotation: int = 0) -> dict[str, float]:
     """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
 
     Args:
@@ -275,6 +289,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         ref_model: frozen reference for the KL on own rows; required when ``algo.kl_coef > 0``.
         temperature: sampling temperature the log-probs are scaled by (0 = greedy ⇒ 1.0).
         pad_id: padding id (masks come from lengths, so any id works); default from the model config.
+        source_rotation: rotates the order of the sources (:func:`source_order`); pass the step so
+            no source always gets the tightest stepwise bounds.
 
     With ``algo.ratio_level == "token"`` (GRPO) the per-token old log-probs of own rows come from one
     no-grad forward of ``model`` before the first optimizer step (the wire carries only sums).
@@ -296,7 +312,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     stats = _Stats()
     if not rows:
         return stats.summary([])
-    order = order_rows(rows, learner)
+    order = order_rows(rows, learner, source_rotation)
     rows = [rows[i] for i in order]
     adv = [float(advantages[i]) for i in order]
     ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]

@@ -141,7 +141,7 @@ class Trainer:
         ratios = self._ratios(capability_table, sorted(foreign))
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
         t_adv = time.perf_counter()
-        metrics = self._update(rows, advantages, ratios, own.temperature)
+        metrics = self._update(rows, advantages, ratios, own.temperature, own.step)
         t_update = time.perf_counter()
         self.step, self.run_id = own.step, own.run_id
         self.capability = capability_table.SerializeToString(deterministic=True)
@@ -238,13 +238,13 @@ class Trainer:
             raise InvalidRequestError(f"bad capability table: {err}") from None
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
-                temperature: float) -> dict[str, float]:
+                temperature: float, step: int) -> dict[str, float]:
         was_training = self.model.training
         self.model.train(self.gradient_checkpointing)
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step)
         finally:
             self.model.train(was_training)
 

@@ -11,7 +11,14 @@ from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows, sequence_log
 
 from hacrl_fed.algo.advantages import row_advantages
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.update import hacpo_update, make_optimizer, order_rows, plan_microbatches, plan_minibatches
+from hacrl_fed.algo.update import (
+    hacpo_update,
+    make_optimizer,
+    order_rows,
+    plan_microbatches,
+    plan_minibatches,
+    source_order,
+)
 from hacrl_fed.config import OptimConfig
 
 
@@ -23,6 +30,18 @@ class R:
 def test_order_rows_own_first_then_sorted_sources():
     rows = [R(s) for s in ["c", "k", "b", "c", "k", "b"]]
     assert order_rows(rows, "k") == [1, 4, 2, 5, 0, 3]
+
+
+def test_order_rows_rotates_sources_by_step():
+    rows = [R(s) for s in ["c", "k", "b", "d", "c", "b"]]
+    assert source_order(["c", "b", "d", "b"], 0) == ["b", "c", "d"]
+    assert source_order(["c", "b", "d"], 1) == ["c", "d", "b"]
+    assert source_order(["c", "b", "d"], 5) == ["d", "b", "c"]
+    assert source_order([], 3) == []
+    assert order_rows(rows, "k", rotation=1) == [1, 0, 4, 3, 2, 5]
+    # every source is last (tightest stepwise bounds) equally often over N − 1 consecutive steps
+    lasts = [source_order(["b", "c", "d"], step)[-1] for step in range(6)]
+    assert sorted(lasts) == ["b", "b", "c", "c", "d", "d"]
 
 
 def test_plan_minibatches_counts_m_over_epochs():
