@@ -22,7 +22,12 @@ app.add_typer(keys_app, name="keys")
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print a one-line error to stderr and exit with ``code``."""
+    """Print a one-line error to stderr and exit with ``code``.
+
+    Every command uses 2 for bad configuration or usage (unknown key, missing file, unknown model,
+    key not in the roster …) and 1 for a failure at run time (a process that did not start, a
+    model that does not load, a run that failed).
+    """
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -78,7 +83,7 @@ def keys_certs(
         typer.echo(f"wrote {path}")
 
 
-@app.command("worker", hidden=True)
+@app.command("worker")
 def worker_cmd(
     config: Path = typer.Option(..., "--config", help="client.toml of the site."),
     name: str | None = typer.Option(None, "--name", help="Override agent.name."),
@@ -88,7 +93,8 @@ def worker_cmd(
     address_file: Path | None = typer.Option(None, "--address-file", help="Write the bound address here when healthy."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
 ) -> None:
-    """(internal) Run the site's agent worker: the long-running process that owns the model."""
+    """Advanced: run only the site's agent worker (the process that owns the model), e.g. in a GPU
+    container or another Python environment; `hacrl-fed client --worker-address` attaches a site to it."""
     from hacrl_fed.config import ClientConfig, ConfigError, load_config
 
     try:
@@ -106,14 +112,31 @@ def worker_cmd(
         fail(_one_line(err))
     from hacrl_fed.federation.keys import KeyFileError, RosterError
     from hacrl_fed.worker.checkpoint import CheckpointError
-    from hacrl_fed.worker.models import ModelLoadError
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
     from hacrl_fed.worker.service import run_worker
 
+    _worker_logging()
     try:
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
                    resume=not no_resume)
-    except (ModelLoadError, KeyFileError, RosterError, CheckpointError, ValueError, RuntimeError, OSError) as err:
+    except (ModelNotFoundError, KeyFileError, RosterError, ValueError) as err:
+        fail(_one_line(err))
+    except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
         fail(_one_line(err), code=1)
+
+
+def _worker_logging() -> None:
+    """``hacrl_fed.*`` INFO lines to stdout (``hacrl-fed client`` shows the worker's progress lines from there)."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("hacrl_fed")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 @app.command("eval")
@@ -151,13 +174,15 @@ def eval_cmd(
         fail(f"{data}: no such data file")
     from hacrl_fed.worker.engine import Sampling
     from hacrl_fed.worker.evaluate import run_eval
-    from hacrl_fed.worker.models import ModelLoadError
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:
         sampling = Sampling(temperature=(0.0 if samples == 1 else 1.0) if temperature is None else temperature,
                             top_p=top_p, max_new_tokens=max_new_tokens)
         summary = run_eval(model_cfg, str(data), samples=samples, out=str(out) if out else None, sampling=sampling,
                            limit=limit, seed=seed, answer_style=answer_style, max_batch_sequences=batch_size)
+    except ModelNotFoundError as err:
+        fail(_one_line(err))
     except (ModelLoadError, ValueError, OSError) as err:
         fail(_one_line(err), code=1)
     typer.echo(json.dumps(summary, sort_keys=True))
@@ -181,7 +206,9 @@ def server_cmd(
     _cli_logging()
     try:
         code = run_server(resolve_server_config(load_config(config, ServerConfig)))
-    except (ConfigError, RosterError, RuntimeError, ValueError, OSError) as err:
+    except (ConfigError, RosterError, ValueError) as err:  # StateError: a resume with other settings
+        fail(_one_line(err))
+    except (RuntimeError, OSError) as err:
         fail(_one_line(err), code=1)
     raise typer.Exit(code)
 
@@ -233,7 +260,9 @@ def client_cmd(
         fail(_one_line(err))
     try:
         code = run_client(cfg, port=port, worker_address=worker_address)
-    except (ConfigError, ValueError, OSError) as err:
+    except (ConfigError, ValueError) as err:
+        fail(_one_line(err))
+    except OSError as err:
         fail(_one_line(err), code=1)
     raise typer.Exit(code)
 
@@ -258,12 +287,12 @@ def simulate_cmd(
         if cfg is not None and tls:
             cfg.tls = True
         result = run_simulation(cfg, output_dir=output_dir, resume=resume, progress=progress)
-    except ConfigError as err:
+    except (ConfigError, ValueError) as err:
         fail(_one_line(err))
-    except SimulationError as err:
+    except SimulationError as err:  # the first line is the reason, then the failing process's log tail
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    except (RuntimeError, ValueError, OSError) as err:
+    except (RuntimeError, OSError) as err:
         fail(_one_line(err), code=1)
     raise typer.Exit(result.exit_code)
 

@@ -212,7 +212,7 @@ class SuperLinkConfig(Strict):
     node_auth: bool = True
     """Require SuperNode authentication with registered EC keys (needs TLS)."""
     database: str | None = None
-    """SQLite file for SuperLink state; defaults to ``<output_dir>/superlink.db``."""
+    """SQLite file for SuperLink state; defaults to ``<run.output_dir>/<run.run_id>/superlink.db``."""
 
     @model_validator(mode="after")
     def _tls_files(self) -> SuperLinkConfig:

@@ -1,18 +1,24 @@
 """``hacrl-fed client``: one site (ARCHITECTURE.md §1) — the agent worker plus a Flower SuperNode.
 
 1. resolve the site config (``--config client.toml`` and flags; paths relative to the current
-   directory) and write it to ``<output_dir>/<agent>/client.resolved.toml``;
-2. start the agent worker (``hacrl-fed worker``, loopback only) and wait until Health answers
-   ready — or, with ``--worker-address``, attach to a worker someone else runs (e.g. in a vLLM
-   environment) and only check its Health;
+   directory), check it before anything starts (:func:`check_site`: the agent is in the roster,
+   the signing and node keys exist and match the roster, the model name resolves) and write it
+   to ``<output_dir>/<agent>/client.resolved.toml``;
+2. start the agent worker (``hacrl-fed worker``, loopback only; its progress lines — one per
+   trained step — are shown on the terminal) and wait until Health answers ready — or, with
+   ``--worker-address``, attach to a worker someone else runs (e.g. in a vLLM environment) and
+   only check its Health;
 3. start ``flower-supernode`` with TLS (``--root-certificates``) and SuperNode authentication
    (``--auth-supernode-private-key``) or ``--insecure``, its own ClientApp API port, and the node
    config ``agent-name=... worker-address=...`` the per-message ClientApp reads;
 4. supervise both: a SuperNode that exits (SuperLink not reachable yet, key not registered yet,
-   coordinator restarted) is restarted with backoff; if the worker exits, or on SIGINT/SIGTERM,
-   everything is stopped and the command exits.
+   coordinator restarted) is restarted with backoff, and connection trouble is reported in plain
+   words (:class:`~hacrl_fed.federation.site_watch.SupernodeWatcher`); if the worker exits, or on
+   SIGINT/SIGTERM, everything is stopped and the command exits.
 
-A restarted client resumes from the worker's latest checkpoint and rejoins the running run.
+A site keeps running after a run ends (it cannot tell a finished run from a restarting
+coordinator); stop it with Ctrl-C. A restarted client resumes from the worker's latest checkpoint
+and rejoins the running run.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ import tomli_w
 
 from hacrl_fed.config import ClientConfig, ConfigError
 from hacrl_fed.federation import launch
+from hacrl_fed.federation.site_watch import SupernodeWatcher, worker_line_visible
 from hacrl_fed.federation.supervise import ManagedProcess, Shutdown, Supervisor, free_port
 from hacrl_fed.federation.worker_link import WorkerError, wait_until_healthy
 
-__all__ = ["fill_site_layout", "resolve_client_config", "run_client"]
+__all__ = ["check_site", "fill_site_layout", "resolve_client_config", "run_client"]
 
 log = logging.getLogger("hacrl_fed.client")
 
@@ -82,6 +89,64 @@ def _preflight(cfg: ClientConfig) -> None:
             raise ConfigError(f"{what}: {path}: no such file")
 
 
+def _node_public_key(path: str) -> str:
+    """OpenSSH public form of a SuperNode private key file. Raises ConfigError."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_ssh_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as err:
+        raise ConfigError(f"node_key: {path}: not an unencrypted OpenSSH private key ({err})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"node_key: {path}: SuperNode authentication needs an EC key (`hacrl-fed keys gen`)")
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode("ascii")
+
+
+def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
+    """Check a resolved site config before anything starts or loads; raise ConfigError with one line.
+
+    Always: TLS material exists (unless ``insecure``), the node key exists and is an EC key
+    (unless ``insecure``). With a roster: the agent is listed, and the node key matches its
+    ``node_key`` entry. With ``own_worker`` (the client starts the worker): a roster and a signing
+    key are required, the signing key matches the roster's ``ed25519`` entry, and the model name
+    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading).
+    """
+    from hacrl_fed.federation.keys import KeyFileError, Roster, RosterError, load_signing_key, public_key_b64
+
+    _preflight(cfg)
+    agent, name = cfg.agent, cfg.agent.name
+    layout = "run `hacrl-fed keys gen --name {0} --out keys` in this directory, or give {1}"
+    if own_worker and not agent.roster:
+        raise ConfigError("no roster: put the roster you received into roster.toml here, or set agent.roster")
+    try:
+        roster = Roster.load(agent.roster) if agent.roster else None
+        if roster is not None and name not in roster:
+            raise ConfigError(f"agent {name!r} is not in the roster {agent.roster} (it lists {', '.join(roster)}); "
+                              f"check --name, or ask the coordinator for the current roster")
+        if not cfg.insecure and not cfg.node_key:
+            raise ConfigError(f"no SuperNode key for {name!r}: " + layout.format(name, "--node-key / node_key"))
+        if own_worker and not agent.private_key:
+            raise ConfigError(f"no signing key for {name!r}: " + layout.format(name, "agent.private_key"))
+        if roster is not None and own_worker and public_key_b64(load_signing_key(agent.private_key)) != \
+                public_key_b64(roster.public_key(name)):
+            raise ConfigError(f"{agent.private_key} is not the signing key of {name!r} in {agent.roster}")
+    except (KeyFileError, RosterError) as err:
+        raise ConfigError(str(err)) from None
+    if cfg.node_key and not cfg.insecure:
+        public = _node_public_key(cfg.node_key)
+        if roster is not None and roster.node_key(name) and roster.node_key(name) != public:
+            raise ConfigError(f"{cfg.node_key} is not the SuperNode key of {name!r} in {agent.roster}")
+    if own_worker:
+        from hacrl_fed.worker.models import ModelLoadError, check_model_name
+
+        try:
+            check_model_name(agent.model.name_or_path, agent.model.gguf_file)
+        except ModelLoadError as err:
+            raise ConfigError(str(err)) from None
+
+
 def _worker_argv(config: Path, address: str, address_file: Path) -> list[str]:
     return [sys.executable, "-m", "hacrl_fed.cli", "worker", "--config", str(config), "--address", address,
             "--address-file", str(address_file)]
@@ -91,27 +156,45 @@ def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int,
                     worker: ManagedProcess | None) -> int:
     """Keep a SuperNode running while the worker lives; restart it with backoff when it exits
     (SuperLink not up yet, key not registered yet, coordinator restarted). Returns 1 when the worker dies."""
+    watcher = SupernodeWatcher(cfg.superlink, cfg.node_key, lambda level, msg: log.log(level, "%s", msg))
+    log.info("connecting to the coordinator at %s as %r (SuperNode log: %s)", cfg.superlink, cfg.agent.name,
+             sup.log_dir / "supernode.log")
     backoff = 1.0
     while True:
         node = launch.start_supernode(sup, "supernode", superlink=cfg.superlink, port=port,
                                       node_config={"agent-name": cfg.agent.name, "worker-address": address}, env=env,
                                       insecure=cfg.insecure, root_certificates=cfg.root_certificates,
-                                      node_key=cfg.node_key)
+                                      node_key=cfg.node_key, on_line=watcher.feed)
         started = time.monotonic()
         while node.alive() and (worker is None or worker.alive()):
             time.sleep(0.5)
         if worker is not None and not worker.alive():
-            log.error("the worker exited with code %s; stopping the site\n%s", worker.returncode, worker.tail())
+            log.error("the worker exited with code %s; stopping the site (log: %s)\n%s", worker.returncode,
+                      worker.log_path, worker.tail())
             return 1
         code = node.returncode
         sup.stop(node)
         if time.monotonic() - started > 120:
             backoff = 1.0
-        hint = " (SuperLink unreachable, or this node's key is not registered there yet)" if code == 305 else ""
-        log.warning("flower-supernode exited with code %s%s; restarting it in %.0f s\n%s", code, hint, backoff,
-                    node.tail(5))
+        log.info("flower-supernode exited (%s); restarting it in %.0f s", watcher.exit_reason(code), backoff)
         time.sleep(backoff)
         backoff = min(2 * backoff, 30.0)
+
+
+def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: Path,
+                  timeout_s: float) -> tuple[ManagedProcess, str]:
+    """Start ``hacrl-fed worker``; its progress lines go to the terminal. Raises RuntimeError (one line
+    plus the log path) when it exits or is not healthy in time."""
+    log.info("starting the worker of %s: loading %s", cfg.agent.name, cfg.agent.model.name_or_path)
+    addr_file = site_dir / "worker.address"
+    try:
+        return launch.start_worker(sup, "worker", _worker_argv(resolved, cfg.agent.worker_address, addr_file),
+                                   address_file=addr_file, timeout_s=timeout_s, echo=sys.stdout,
+                                   echo_filter=worker_line_visible)
+    except RuntimeError as err:
+        first, _, rest = str(err).partition("\n")
+        errors = [line for line in rest.splitlines() if line.startswith("error: ")]
+        raise RuntimeError(f"{first.rstrip(':')}: {errors[-1].removeprefix('error: ')}" if errors else str(err)) from None
 
 
 def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: str | None = None,
@@ -119,10 +202,10 @@ def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: st
     """Run the site until the worker exits or a signal arrives. Returns the exit code (0 after a signal).
 
     ``cfg`` must be resolved (:func:`resolve_client_config`). ``port`` is the SuperNode's
-    ClientApp API port (default: a free one). Raises ConfigError before anything starts; a worker
-    that fails to start ends the client with a message and code 1.
+    ClientApp API port (default: a free one). Raises ConfigError (:func:`check_site`) before
+    anything starts; a worker that fails to start ends the client with a message and code 1.
     """
-    _preflight(cfg)
+    check_site(cfg, own_worker=worker_address is None)
     name = cfg.agent.name
     site_dir = Path(cfg.output_dir) / name
     site_dir.mkdir(parents=True, exist_ok=True)
@@ -134,10 +217,7 @@ def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: st
         try:
             worker = None
             if worker_address is None:
-                worker, address = launch.start_worker(sup, "worker", _worker_argv(resolved, cfg.agent.worker_address,
-                                                                                 site_dir / "worker.address"),
-                                                      address_file=site_dir / "worker.address",
-                                                      timeout_s=worker_timeout_s)
+                worker, address = _start_worker(sup, cfg, resolved, site_dir, worker_timeout_s)
             else:
                 address = worker_address
             health = wait_until_healthy(address, worker_timeout_s)

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import IO
@@ -37,6 +37,7 @@ __all__ = [
     "check_importable",
     "flwr_env",
     "format_node_config",
+    "has_text",
     "install_app",
     "register_supernode",
     "run_status",
@@ -142,9 +143,10 @@ def _wait_listening(proc: ManagedProcess, host: str, port: int, timeout_s: float
 
 def start_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, node_config: Mapping[str, str],
                     env: Mapping[str, str], insecure: bool = False, root_certificates: str | None = None,
-                    node_key: str | None = None) -> ManagedProcess:
+                    node_key: str | None = None, on_line: Callable[[str], None] | None = None) -> ManagedProcess:
     """Start ``flower-supernode`` connecting to ``superlink`` (host:port); its ClientApp API on 127.0.0.1:``port``.
 
+    ``on_line`` receives every line of its log (e.g. a :class:`~hacrl_fed.federation.site_watch.SupernodeWatcher`).
     Raises ValueError when TLS is wanted but no root certificate is given.
     """
     argv = [find_executable("flower-supernode"), "--superlink", superlink, "--port", str(port),
@@ -157,31 +159,35 @@ def start_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, no
         raise ValueError("a TLS connection needs root_certificates (the coordinator's CA), or insecure=True")
     if node_key:
         argv += ["--auth-supernode-private-key", str(node_key)]
-    return sup.start(name, argv, env=env)
+    return sup.start(name, argv, env=env, on_line=on_line)
 
 
 def start_worker(sup: Supervisor, name: str, argv: Sequence[str], *, address_file: str | Path, timeout_s: float = 600.0,
-                 env: Mapping[str, str] | None = None) -> tuple[ManagedProcess, str]:
+                 env: Mapping[str, str] | None = None, echo: IO[str] | None = None,
+                 echo_filter: Callable[[str], bool] | None = None) -> tuple[ManagedProcess, str]:
     """Start an agent worker (``argv`` must make it write its bound address to ``address_file``).
 
-    Returns the process and its address once Health answers ready. Raises RuntimeError with the
-    log tail when it exits or is not healthy within ``timeout_s``.
+    ``name`` is the process label (log file ``<name>.log``, messages "``<name>`` exited …");
+    ``echo``/``echo_filter`` tee its output (:meth:`Supervisor.start`). Returns the process and its
+    address once Health answers ready. Raises RuntimeError with the log tail when it exits or is
+    not healthy within ``timeout_s``.
     """
     path = Path(address_file)
     path.unlink(missing_ok=True)
-    proc = sup.start(name, argv, env=env)
+    proc = sup.start(name, argv, env=env, echo=echo, echo_filter=echo_filter)
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if not proc.alive():
-            raise RuntimeError(f"worker {name} exited with code {proc.returncode} before it was ready:\n{proc.tail()}")
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before it was ready "
+                               f"(log: {proc.log_path}):\n{proc.tail()}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"worker {name} wrote no address within {timeout_s:g} s:\n{proc.tail()}")
+            raise RuntimeError(f"{name} wrote no address within {timeout_s:g} s (log: {proc.log_path}):\n{proc.tail()}")
         time.sleep(0.2)
     address = path.read_text(encoding="utf-8").strip()
     try:
         wait_until_healthy(address, max(1.0, deadline - time.monotonic()), alive=proc.alive)
     except Exception as err:  # noqa: BLE001 - reported with the log tail
-        raise RuntimeError(f"worker {name} at {address} is not healthy: {err}\n{proc.tail()}") from None
+        raise RuntimeError(f"{name} at {address} is not healthy: {err}\n{proc.tail()}") from None
     return proc, address
 
 
@@ -226,7 +232,12 @@ def start_run(sup: Supervisor, app_dir: str | Path, run_config: Mapping[str, str
     overrides = Path(app_dir).parent / "run_config.toml"
     overrides.write_text(tomli_w.dumps(dict(run_config)), encoding="utf-8")
     argv = [find_executable("flwr"), "run", str(app_dir), connection, "--run-config", str(overrides), "--stream"]
-    return sup.start("flwr-run", argv, env=env, echo=echo)
+    return sup.start("flwr-run", argv, env=env, echo=echo, echo_filter=has_text)
+
+
+def has_text(line: str) -> bool:
+    """False for Flower's empty log lines (``INFO :`` and nothing else), which only clutter a terminal."""
+    return bool(re.sub(r"^\s*(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:", "", line).strip())
 
 
 def run_id_of(proc: ManagedProcess) -> int | None:

@@ -12,7 +12,8 @@ One step, as :func:`run_coordinator` runs it::
     state saved (the step counts as done from here: no site is ever asked to train it twice)
     one exchange: train orders (pool = accepted envelopes + table + the NEXT step's plan) to every
                 agent that delivered, plain generate orders for the next plan to everyone else
-    metrics line, then the state (step, windows, sampler, metrics offset) saved atomically
+    metrics line, then the state (step, windows, sampler, metrics offset) saved atomically;
+    one summary line on the log (status, accuracy and rows per agent, step time, overhead)
 
 Pipelining the next step's generation into the train message (ARCHITECTURE §2) makes a step one
 Flower round trip instead of two. Steps count from 1 (a worker's Health reports 0 for "none").
@@ -39,7 +40,7 @@ from hacrl_fed.federation.coordinator import VerifyFn, build_round_plan, capabil
 from hacrl_fed.federation.protocol import SiteReply
 from hacrl_fed.federation.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
 from hacrl_fed.federation.step_record import (AgentStep, collect_batches, eval_record, eval_request, step_record,
-                                              train_outcome)
+                                              step_summary, train_outcome)
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
@@ -272,7 +273,9 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     _totals(state, agents)
     state.elapsed_s += clock() - t_start
     state.pending = None
-    _commit(setup, state, metrics, step_record(plan, agents, tracker, timing, trained=trained, time_s=clock()))
+    record = step_record(plan, agents, tracker, timing, trained=trained, time_s=clock())
+    _commit(setup, state, metrics, record)
+    log.info("%s", step_summary(record, run.steps))
     return upcoming
 
 

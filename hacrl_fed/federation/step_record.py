@@ -35,8 +35,8 @@ from hacrl_fed.federation.validation import AcceptedBatch, BatchRejected, Reason
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 
-__all__ = ["AgentStep", "collect_batches", "eval_record", "eval_request", "step_record", "train_outcome",
-           "worker_seconds"]
+__all__ = ["AgentStep", "collect_batches", "eval_record", "eval_request", "step_record", "step_summary",
+           "train_outcome", "worker_seconds"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
 
@@ -189,6 +189,22 @@ def step_record(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], tracker: An
                      "seed": plan.sampling.seed, "samples_per_prompt": plan.samples_per_prompt},
         "agents": per_agent, "timing": timing,
     }
+
+
+def step_summary(record: Mapping[str, Any], steps: int) -> str:
+    """One line for the coordinator's terminal from a :func:`step_record` line: the step's outcome,
+    per agent its status (with the reason when it was left out), coordinator accuracy and rows
+    accepted/rejected, then the step time and the federation overhead (seconds)."""
+    agents = []
+    for name, a in record["agents"].items():
+        status = a["status"] + (f" ({a['reason']})" if a.get("reason") and a["status"] != "trained" else "")
+        acc = f" acc {a['accuracy']:.3f}" if a.get("accuracy") is not None else ""
+        agents.append(f"{name} {status}{acc} rows {a['rows_accepted']}/{a['rows_rejected']}")
+    timing = record["timing"]
+    outcome = "trained" if record["trained"] else "skipped"
+    return (f"step {record['step']}/{steps} {outcome}: {'; '.join(agents) or 'no agents'} | "
+            f"step {timing['step_s']:.1f} s, overhead {timing.get('overhead_s', 0.0):.1f} s"
+            + (" (interrupted)" if record.get("interrupted") else ""))
 
 
 def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:

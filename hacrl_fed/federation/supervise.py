@@ -1,12 +1,15 @@
 """Process supervision for ``hacrl-fed server``, ``hacrl-fed client`` and ``hacrl-fed simulate``.
 
 A :class:`Supervisor` starts child processes in their own sessions (process groups), logs each to
-a file (optionally tee-ing to our stdout with a prefix), and stops them all, last started first:
+a file (optionally tee-ing selected lines to our stdout with a prefix, and handing every line to a
+callback), and stops them all, last started first:
 SIGTERM to the process group and to every descendant (Flower's ``flower-superexec`` starts its
 own session, so the group alone is not enough), a grace period, then SIGKILL. On Linux every
 child also gets ``PR_SET_PDEATHSIG`` = SIGTERM, so the children of a SIGKILLed supervisor stop too
 (Flower's own helper processes watch their parent and follow). :meth:`Supervisor.handle_signals` turns SIGINT/SIGTERM into :class:`Shutdown` in the
-main thread, so ``with Supervisor(...)`` blocks unwind and clean up.
+main thread, so ``with Supervisor(...)`` blocks unwind and clean up. ANSI colour codes (Flower
+colours its log levels unconditionally) are stripped from every line before it reaches a file, the
+terminal or a callback.
 
 The Flower-specific starters (:mod:`hacrl_fed.federation.launch`) build on this; everything takes
 explicit ports and flags.
@@ -18,6 +21,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,11 +36,18 @@ from typing import IO
 
 import psutil
 
-__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "find_executable", "free_port", "wait_for_tcp"]
+__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "find_executable", "free_port", "strip_ansi", "wait_for_tcp"]
 
 log = logging.getLogger("hacrl_fed.supervise")
 
 _PR_SET_PDEATHSIG = 1
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
+"""CSI escape sequences (colours, cursor movement)."""
+
+
+def strip_ansi(data: bytes) -> bytes:
+    """``data`` without ANSI CSI escape sequences (``\\x1b[92m`` …)."""
+    return _ANSI.sub(b"", data)
 
 
 class Shutdown(Exception):
@@ -171,13 +182,23 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _pump(stream: IO[bytes], log_file: IO[bytes], echo: IO[str] | None, prefix: str) -> None:
-    for line in iter(stream.readline, b""):
+def _pump(stream: IO[bytes], log_file: IO[bytes], echo: IO[str] | None, prefix: str,
+          echo_filter: Callable[[str], bool] | None = None, on_line: Callable[[str], None] | None = None) -> None:
+    """Copy the child's output line by line (ANSI codes stripped) to its log file, ``echo`` (lines
+    ``echo_filter`` accepts) and ``on_line``. A failing callback never stops the copying."""
+    for raw in iter(stream.readline, b""):
+        line = strip_ansi(raw)
         log_file.write(line)
         log_file.flush()
-        if echo is not None:
-            echo.write(prefix + line.decode("utf-8", errors="replace"))
+        text = line.decode("utf-8", errors="replace")
+        if echo is not None and (echo_filter is None or echo_filter(text)):
+            echo.write(prefix + text if text.endswith("\n") else prefix + text + "\n")
             echo.flush()
+        if on_line is not None:
+            try:
+                on_line(text.rstrip("\n"))
+            except Exception:  # noqa: BLE001 - a status callback must not lose the log
+                log.exception("line callback failed")
     stream.close()
     log_file.close()
 
@@ -197,8 +218,12 @@ class Supervisor:
         self._old_handlers: dict[int, object] = {}
 
     def start(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | Path | None = None, echo: IO[str] | None = None) -> ManagedProcess:
-        """Start ``argv`` in a new session; output to ``<log_dir>/<name>.log`` (and ``echo`` if given).
+              cwd: str | Path | None = None, echo: IO[str] | None = None,
+              echo_filter: Callable[[str], bool] | None = None,
+              on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+        """Start ``argv`` in a new session; output to ``<log_dir>/<name>.log``, to ``echo`` (prefixed
+        ``[name] ``; only lines ``echo_filter`` accepts, if given) and to ``on_line`` (each line without
+        its newline, called from the copying thread).
 
         Raises OSError when the program cannot be started.
         """
@@ -213,8 +238,8 @@ class Supervisor:
             log_file.close()
             raise
         proc = ManagedProcess(name, list(argv), popen, log_path)
-        pump = threading.Thread(target=_pump, args=(popen.stdout, log_file, echo, f"[{name}] "), daemon=True,
-                                name=f"log-{name}")
+        pump = threading.Thread(target=_pump, args=(popen.stdout, log_file, echo, f"[{name}] ", echo_filter, on_line),
+                                daemon=True, name=f"log-{name}")
         pump.start()
         proc._threads.append(pump)
         self.procs.append(proc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import threading
 import time
 from pathlib import Path
@@ -27,7 +28,11 @@ from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import load_model, model_fingerprint
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes
 
-__all__ = ["AgentWorker", "generation_seed", "sampling_from_proto"]
+__all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
+
+log = logging.getLogger("hacrl_fed.worker")
+detail_log = logging.getLogger("hacrl_fed.worker.detail")
+"""Lines for the worker's log file only (``hacrl-fed client`` shows ``hacrl_fed.worker`` lines on the terminal)."""
 
 MAX_SAMPLES_PER_PROMPT = 1024
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
@@ -49,6 +54,29 @@ def generation_seed(seed: int, run_id: str, step: int, agent: str) -> int:
     """Deterministic 63-bit seed of one agent's generation at one step (independent of RNG state)."""
     digest = hashlib.sha256(f"{seed}|{run_id}|{step}|{agent}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+def train_summary(report: pb.TrainReport) -> str:
+    """One line for the site's terminal: rows trained (own / from peers), mean reward, loss, time.
+
+    Mean rewards are over the rows trained (coordinator-corrected rewards), from the report's
+    per-source ``rows`` and ``reward_mean``; loss is the mean HACPO loss over the step's updates.
+    """
+    rows = {s.source_agent: s.metrics.get("rows", 0.0) for s in report.per_source}
+    total = sum(rows.values())
+    reward = (sum(rows[s.source_agent] * s.metrics.get("reward_mean", 0.0) for s in report.per_source) / total
+              if total else 0.0)
+    own = next((s.metrics for s in report.per_source if s.source_agent == report.agent_id), {})
+    peers = len([a for a in rows if a != report.agent_id])
+    m = report.metrics
+    own_rows = rows.get(report.agent_id, 0.0)
+    parts = [(f"step {report.step} trained: {total:.0f} rows ({own_rows:.0f} own, "
+              f"{total - own_rows:.0f} from {peers} peer{'s' if peers != 1 else ''})"),
+             f"mean reward {reward:.3f} (own {own.get('reward_mean', 0.0):.3f})",
+             f"loss {m.get('loss', float('nan')):.4f}", f"{m.get('time/total_s', 0.0):.1f} s"]
+    if report.rejected:
+        parts.append(f"{len(report.rejected)} peer batch(es) refused")
+    return ", ".join(parts)
 
 
 def _check_prompts(prompts) -> None:
@@ -184,6 +212,8 @@ class AgentWorker:
                 "verifier_error": float(sum(r.verdict == pb.VERIFIER_ERROR for r in batch.rollouts)),
                 "payload_bytes": float(len(envelope.payload)), "rss_bytes": process_rss_bytes(),
             }
+            detail_log.info("step %d generated: %d rollouts for %d prompts, mean reward %.3f, %d tokens, %.1f s",
+                     plan.step, len(samples), len(order), metrics["reward_mean"], tokens, time.perf_counter() - t0)
             return wpb.GenerateResponse(envelope=envelope, metrics=metrics)
 
     def _verify(self, prompts, samples) -> list[tuple[float, int]]:
@@ -220,6 +250,9 @@ class AgentWorker:
             self._fingerprint = None
             report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
             _ = self.fingerprint
+            log.info("%s", train_summary(report))
+            for line in report.rejected:
+                log.warning("step %d: refused a peer batch: %s", report.step, line)
             return report
 
     def evaluate(self, req: wpb.EvaluateRequest) -> wpb.EvaluateResponse:
@@ -237,6 +270,8 @@ class AgentWorker:
                                      max_prompt_tokens=m.max_prompt_tokens,
                                      chunk_prompts=max(1, self.engine.max_batch_sequences // k))
         resp = wpb.EvaluateResponse(metrics=summarize(results))
+        log.info("held-out evaluation after step %d: %s", self.trainer.step,
+                 " ".join(f"{k}={v:.3f}" for k, v in sorted(resp.metrics.items())))
         for r in results:
             resp.results.add(prompt_id=r.prompt_id, correct=r.correct, total=r.total)
         return resp
@@ -263,4 +298,5 @@ class AgentWorker:
             state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
                                   fingerprint=self.fingerprint, extra={"agent": self.name})
             path = self.checkpoints.save(self.model, self.trainer.optimizer, state, req.path or None)
+            detail_log.info("step %d checkpoint saved: %s", step, path)
             return wpb.CheckpointResponse(path=str(path), step=step)

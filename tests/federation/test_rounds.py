@@ -175,3 +175,18 @@ def test_next_plan_rides_with_the_train_order(tmp_path, federation):
     assert transport.exchanges[3] == [("train", "alice"), ("train", "bob")]  # last step: nothing to prefetch
     assert len(transport.exchanges) == 4
     assert fleet[0].generated == [1, 2, 3] and fleet[2].generated == [1, 2, 3]
+
+
+def test_each_step_logs_one_summary_line(tmp_path, federation, caplog):
+    setup = make_setup(tmp_path, federation, steps=2)
+    with caplog.at_level("INFO", logger="hacrl_fed.coordinator"):
+        run_coordinator(setup, InProcessTransport(sites(federation, hostile=("tampered", "nan_reward"))))
+    lines = [m for m in (r.getMessage() for r in caplog.records) if m.startswith("step ") and " | step " in m]
+    records = [r for r in read_metrics(setup) if r["event"] == "step"]
+    assert len(lines) == 2 and len(records) == 2
+    for line, rec in zip(lines, records):
+        assert line.startswith(f"step {rec['step']}/2 trained: ")
+        alice, mallory = rec["agents"]["alice"], rec["agents"]["mallory"]
+        assert f"alice trained acc {alice['accuracy']:.3f} rows 4/0" in line
+        assert f"mallory rejected ({mallory['reason']}) rows 0/{mallory['rows_rejected']}" in line
+        assert line.endswith(f"step {rec['timing']['step_s']:.1f} s, overhead {rec['timing']['overhead_s']:.1f} s")

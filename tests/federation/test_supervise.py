@@ -46,6 +46,22 @@ def test_stop_reaches_grandchildren_in_other_sessions(tmp_path):
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 
 
+def test_output_is_logged_without_colour_codes_teed_through_a_filter_and_handed_to_a_callback(tmp_path):
+    import io
+
+    child = ("print('\\x1b[92mINFO \\x1b[0m:      shown'); print('\\x1b[93mWARNING \\x1b[0m:   hidden');"
+             "print('no newline at the end', end='')")
+    echo, lines = io.StringIO(), []
+    with Supervisor(tmp_path) as sup:
+        proc = sup.start("child", [sys.executable, "-c", child], echo=echo,
+                         echo_filter=lambda line: "hidden" not in line, on_line=lines.append)
+        proc.popen.wait(20)
+        proc._threads[0].join(5)
+    assert proc.log_path.read_text() == "INFO :      shown\nWARNING :   hidden\nno newline at the end"
+    assert echo.getvalue() == "[child] INFO :      shown\n[child] no newline at the end\n"
+    assert lines == ["INFO :      shown", "WARNING :   hidden", "no newline at the end"]
+
+
 def test_sigterm_ignorers_are_killed_after_the_grace_period(tmp_path):
     sup = Supervisor(tmp_path, grace_s=0.5)
     proc = sup.start("stubborn", [sys.executable, "-c", STUBBORN])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hacrl_fed.config import ModelConfig
+from hacrl_fed.worker import models
 from hacrl_fed.worker.models import ModelLoadError, load_model, model_fingerprint, resolve_model_source
 
 
@@ -33,18 +34,19 @@ def test_fingerprint_tracks_every_weight(load_tiny):
     assert model_fingerprint(lm.model) != before
 
 
-def test_paths_hub_ids_and_gguf_files(model_cache, tmp_path):
+def test_paths_hub_ids_and_gguf_files(model_cache, tmp_path, monkeypatch):
     tiny = resolve_model_source("tiny-gemma-unigram", cache_dir=model_cache)
     assert resolve_model_source(tiny.path).path == tiny.path
+    monkeypatch.setattr(models, "_hub_unreachable", lambda *a: None)  # a hub that answers: the id goes to transformers
     hub = resolve_model_source("Qwen/Qwen3-1.7B", gguf_file="q.gguf")
     assert (hub.path, hub.gguf_file) == ("Qwen/Qwen3-1.7B", "q.gguf")
     gguf = tmp_path / "m.Q4.gguf"
     gguf.write_bytes(b"GGUF")
     src = resolve_model_source(str(gguf))
     assert (src.path, src.gguf_file) == (str(tmp_path), "m.Q4.gguf")
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    with pytest.raises(ModelLoadError, match="no such model directory or file"):
         resolve_model_source(str(tmp_path / "missing.gguf"))
-    with pytest.raises(ModelLoadError, match="cannot load model"):
+    with pytest.raises(ModelLoadError, match="no such model directory or file"):
         load_model(ModelConfig(name_or_path=str(tmp_path / "no-such-dir-or-hub-id")))
     with pytest.raises(ModelLoadError, match="CUDA is not available|not a torch device"):
         load_model(ModelConfig(name_or_path="tiny-gemma-unigram", cache_dir=model_cache,
