@@ -272,6 +272,8 @@ def simulate_cmd(
     config: Path | None = typer.Option(None, "--config", help="simulate.toml (default: the built-in demo, "
                                        "examples/default.toml). Paths inside are relative to the current directory."),
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Override run.output_dir (runs/)."),
+    run_name: str | None = typer.Option(None, "--run-name", help="Run directory name and run id (default: "
+                                        "<run.run_id>-<time>); the run id also seeds the agents' sampling."),
     tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication on loopback (sets tls = true)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory (configs and keys inside)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress display."),
@@ -281,12 +283,13 @@ def simulate_cmd(
     from hacrl_fed.federation.simulate import SimulationError, default_config, run_simulation
 
     try:
-        if resume is not None and (config is not None or tls or output_dir is not None):
-            raise ConfigError("--resume takes its configuration from the run directory; drop --config/--tls/--output-dir")
+        if resume is not None and (config is not None or tls or output_dir is not None or run_name is not None):
+            raise ConfigError("--resume takes its configuration from the run directory; "
+                              "drop --config/--tls/--output-dir/--run-name")
         cfg = None if resume is not None else load_config(config, SimulateConfig) if config else default_config()
         if cfg is not None and tls:
             cfg.tls = True
-        result = run_simulation(cfg, output_dir=output_dir, resume=resume, progress=progress)
+        result = run_simulation(cfg, output_dir=output_dir, run_name=run_name, resume=resume, progress=progress)
     except (ConfigError, ValueError) as err:
         fail(_one_line(err))
     except SimulationError as err:  # the first line is the reason, then the failing process's log tail
