@@ -127,16 +127,9 @@ def worker_cmd(
 
 def _worker_logging() -> None:
     """``hacrl_fed.*`` INFO lines to stdout (``hacrl-fed client`` shows the worker's progress lines from there)."""
-    import logging
-    import sys
+    from hacrl_fed.logs import log_to_stdout
 
-    logger = logging.getLogger("hacrl_fed")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    log_to_stdout()
 
 
 @app.command("eval")
@@ -191,7 +184,9 @@ def eval_cmd(
 def _cli_logging() -> None:
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from hacrl_fed.logs import LOG_FORMAT
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
 @app.command("server")

@@ -15,7 +15,6 @@ nothing raises for a misbehaving node.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from hacrl_fed.config import ServerConfig
 from hacrl_fed.federation import protocol
 from hacrl_fed.federation.rounds import Node, Order, Reply, Setup, run_coordinator
+from hacrl_fed.logs import log_to_stdout
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["FlowerTransport", "app", "load_resolved_config", "make_setup"]
@@ -133,13 +133,7 @@ def make_setup(cfg: ServerConfig, verify: Callable) -> Setup:
 
 
 def _setup_logging() -> None:
-    logger = logging.getLogger("hacrl_fed")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    log_to_stdout()
 
 
 @app.main()
