@@ -9,9 +9,8 @@ Equal rollout budget per prompt and agent (G = ``run.samples_per_prompt``):
 * ``hacpo``   — each agent generates G, trains on its G and the peer's G (capability-aware, the paper);
 * ``naive``   — the same pool, foreign rows used as if they were own (no capability weighting);
 * ``gspo``    — isolated: each agent generates G and trains on its own G;
-* ``gspo_x2`` — isolated with 2G own rollouts: the same number of training rows as HACPO. The
-  coordinator's plan asks for 2G samples per prompt (its validation expects exactly the planned
-  samples from every agent), and the agents train with the ``gspo`` preset.
+* ``gspo_x2`` — isolated with 2G own rollouts: the same number of training rows as HACPO (the
+  ``gspo_x2`` preset: each agent generates 2G, trains on all of them and publishes the plan's G).
 
 The mini-batch size is the base config's, so HACPO, naive and GSPO×2 take the same number of
 optimizer updates per step. Seeds change the prompt sampler and the sampling seeds
@@ -60,12 +59,8 @@ def variant(base, recipe: str, seed: int):
         raise ValueError(f"unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
     cfg = base.model_copy(deep=True)
     cfg.run.seed = seed
-    preset = recipe
-    if recipe == "gspo_x2":
-        cfg.run.samples_per_prompt *= 2
-        preset = "gspo"
     for agent in cfg.agents:
-        agent.algo = AlgoConfig.preset(preset, kl_coef=agent.algo.kl_coef)
+        agent.algo = AlgoConfig.preset(recipe, kl_coef=agent.algo.kl_coef)
         agent.optim.seed = seed
     return cfg
 

@@ -171,15 +171,6 @@ def test_prepare_run_refuses_keys_it_would_ignore(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_prepare_run_refuses_rollout_multiplier(tmp_path):
-    from hacrl_fed.algo.config import AlgoConfig
-
-    cfg = load_config(TINY, SimulateConfig)
-    cfg.agents[1].algo = AlgoConfig.preset("gspo_x2")
-    with pytest.raises(ConfigError, match=r"agents\[1\]\.algo\.rollout_multiplier.*samples_per_prompt"):
-        prepare_run(cfg, output_dir=tmp_path)
-
-
 def test_worker_env_pins_devices():
     base = {"PATH": "/bin"}
     assert worker_env("cuda:1", cpu_workers=0, base=base)["CUDA_VISIBLE_DEVICES"] == "1"

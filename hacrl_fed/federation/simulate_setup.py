@@ -94,10 +94,6 @@ def _check_agents(cfg: SimulateConfig) -> None:
             if getattr(agent, key):
                 raise ConfigError(f"agents[{i}].{key}: simulate generates every key and the roster into the run "
                                   f"directory; remove this key (use `hacrl-fed client` for your own keys)")
-        if agent.algo.rollout_multiplier != 1:
-            raise ConfigError(f"agents[{i}].algo.rollout_multiplier = {agent.algo.rollout_multiplier}: the coordinator "
-                              f"accepts exactly run.samples_per_prompt rollouts per prompt from every agent; for "
-                              f"GSPO×2 double run.samples_per_prompt and use algo.name = \"gspo\"")
 
 
 def _identities(cfg: SimulateConfig, keys_dir: Path) -> dict:

@@ -177,7 +177,12 @@ class AgentWorker:
     # ------------------------------------------------------------------ operations
 
     def generate(self, plan: pb.RoundPlan) -> wpb.GenerateResponse:
-        """G × multiplier responses per prompt → verify → sign. Raises InvalidRequestError / PreconditionError."""
+        """G × multiplier responses per prompt → verify → sign. Raises InvalidRequestError / PreconditionError.
+
+        With ``algo.rollout_multiplier`` m > 1 (GSPO×2) the learner trains on all m·G own responses, but
+        publishes (signs and returns) only the plan's G per prompt (sample indices 0..G−1), so the
+        protocol, the coordinator's checks and the capability statistics stay the same for every agent.
+        """
         if not 1 <= plan.samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
             raise InvalidRequestError(f"samples_per_prompt must be in 1..{MAX_SAMPLES_PER_PROMPT}, "
                                       f"got {plan.samples_per_prompt}")
@@ -197,7 +202,7 @@ class AgentWorker:
             verdicts = self._verify(plan.prompts, samples)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
-            envelope = sign_batch(batch, self.key, self.name)
+            envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
             self.trainer.remember(StepRollouts(
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
@@ -300,3 +305,14 @@ class AgentWorker:
             path = self.checkpoints.save(self.model, self.trainer.optimizer, state, req.path or None)
             detail_log.info("step %d checkpoint saved: %s", step, path)
             return wpb.CheckpointResponse(path=str(path), step=step)
+
+
+def _published(batch: pb.RolloutBatch, samples_per_prompt: int) -> pb.RolloutBatch:
+    """The part of the learner's own batch it publishes: sample indices below the plan's G."""
+    if all(r.sample_index < samples_per_prompt for r in batch.rollouts):
+        return batch
+    out = pb.RolloutBatch()
+    out.CopyFrom(batch)
+    del out.rollouts[:]
+    out.rollouts.extend(r for r in batch.rollouts if r.sample_index < samples_per_prompt)
+    return out

@@ -108,13 +108,15 @@ def test_isolated_recipe_ignores_foreign_rows(make_sites, plans):
     alice, bob = sites.start("alice"), sites.start("bob")
     plan = make_plan(1, g=2)
     env_a = alice.generate(plan).envelope
-    assert len(pb.RolloutBatch.FromString(env_a.payload).rollouts) == 3 * 2 * 2   # rollout_multiplier 2
+    published = pb.RolloutBatch.FromString(env_a.payload).rollouts
+    assert len(published) == 3 * 2                       # only the plan's G per prompt is published
+    assert {r.sample_index for r in published} == {0, 1}
     env_b = bob.generate(plan).envelope
     report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env_a, env_b],
                                           capabilities=make_table(plan, {}, corrections=_corrections(env_a, "alice"))))
     assert set(_per_source(report)) == {"alice"}
     assert report.metrics["ignored_batches"] == 1
-    assert _per_source(report)["alice"]["rows"] == 12
+    assert _per_source(report)["alice"]["rows"] == 3 * 2 * 2   # trained on rollout_multiplier × G own rows
 
 
 def test_train_preconditions(make_sites, plans):
