@@ -21,6 +21,7 @@ from hacrl_fed.algo.config import AlgoConfig
 
 __all__ = [
     "AgentConfig",
+    "absolute_path",
     "AlgoConfig",
     "ClientConfig",
     "ConfigError",
@@ -270,6 +271,11 @@ class SimulateConfig(Strict):
         if dupes:
             raise ValueError(f"agents[].name must be unique; repeated: {', '.join(dupes)}")
         return self
+
+
+def absolute_path(path: str | None, base: Path) -> str | None:
+    """``path`` made absolute against ``base`` (``~`` expanded); None stays None."""
+    return None if path is None else str((base / Path(path).expanduser()).resolve())
 
 
 class ConfigError(ValueError):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import tomli_w
 
-from hacrl_fed.config import ClientConfig, ConfigError
+from hacrl_fed.config import ClientConfig, ConfigError, absolute_path
 from hacrl_fed.federation import launch
 from hacrl_fed.federation.site_watch import SupernodeWatcher, worker_line_visible
 from hacrl_fed.federation.supervise import ManagedProcess, Shutdown, Supervisor, free_port
@@ -41,23 +41,19 @@ __all__ = ["check_site", "fill_site_layout", "resolve_client_config", "run_clien
 log = logging.getLogger("hacrl_fed.client")
 
 
-def _abs(path: str | None, base: Path) -> str | None:
-    return None if path is None else str((base / Path(path).expanduser()).resolve())
-
-
 def resolve_client_config(cfg: ClientConfig, base: str | Path | None = None) -> ClientConfig:
     """A copy with every file path absolute (relative to ``base``, default the CWD)."""
     b = Path(base or Path.cwd())
     cfg = cfg.model_copy(deep=True)
     agent = cfg.agent
-    agent.private_key, agent.roster = _abs(agent.private_key, b), _abs(agent.roster, b)
-    agent.checkpoint_dir = _abs(agent.checkpoint_dir, b)
-    cfg.root_certificates, cfg.node_key = _abs(cfg.root_certificates, b), _abs(cfg.node_key, b)
-    cfg.output_dir = _abs(cfg.output_dir, b)  # type: ignore[assignment]
+    agent.private_key, agent.roster = absolute_path(agent.private_key, b), absolute_path(agent.roster, b)
+    agent.checkpoint_dir = absolute_path(agent.checkpoint_dir, b)
+    cfg.root_certificates, cfg.node_key = absolute_path(cfg.root_certificates, b), absolute_path(cfg.node_key, b)
+    cfg.output_dir = absolute_path(cfg.output_dir, b)  # type: ignore[assignment]
     model = agent.model
     if model.name_or_path and (b / model.name_or_path).exists():
-        model.name_or_path = _abs(model.name_or_path, b)  # type: ignore[assignment]
-    model.cache_dir = _abs(model.cache_dir, b)
+        model.name_or_path = absolute_path(model.name_or_path, b)  # type: ignore[assignment]
+    model.cache_dir = absolute_path(model.cache_dir, b)
     return cfg
 
 

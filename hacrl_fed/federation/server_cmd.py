@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
-from hacrl_fed.config import ConfigError, ServerConfig
+from hacrl_fed.config import ConfigError, ServerConfig, absolute_path
 from hacrl_fed.federation import launch
 from hacrl_fed.federation.supervise import ManagedProcess, Shutdown, Supervisor
 
@@ -33,23 +33,19 @@ __all__ = ["resolve_server_config", "run_server"]
 log = logging.getLogger("hacrl_fed.server")
 
 
-def _abs(path: str | None, base: Path) -> str | None:
-    return None if path is None else str((base / Path(path).expanduser()).resolve())
-
-
 def resolve_server_config(cfg: ServerConfig, base: str | Path | None = None) -> ServerConfig:
     """A copy with every file path absolute (relative paths are relative to ``base``, default the CWD)."""
     b = Path(base or Path.cwd())
     cfg = cfg.model_copy(deep=True)
-    cfg.roster = _abs(cfg.roster, b)  # type: ignore[assignment]
+    cfg.roster = absolute_path(cfg.roster, b)  # type: ignore[assignment]
     sl = cfg.superlink
-    sl.ca_cert, sl.server_cert, sl.server_key = (_abs(sl.ca_cert, b), _abs(sl.server_cert, b), _abs(sl.server_key, b))
-    cfg.run.output_dir = _abs(cfg.run.output_dir, b)  # type: ignore[assignment]
-    sl.database = _abs(sl.database, b) or str(Path(cfg.run.output_dir) / cfg.run.run_id / "superlink.db")
+    sl.ca_cert, sl.server_cert, sl.server_key = (absolute_path(sl.ca_cert, b), absolute_path(sl.server_cert, b), absolute_path(sl.server_key, b))
+    cfg.run.output_dir = absolute_path(cfg.run.output_dir, b)  # type: ignore[assignment]
+    sl.database = absolute_path(sl.database, b) or str(Path(cfg.run.output_dir) / cfg.run.run_id / "superlink.db")
     data = cfg.run.data
     if data.source == "file" or (data.path and (b / data.path).exists()):
-        data.path = _abs(data.path, b)
-    data.eval_path = _abs(data.eval_path, b)
+        data.path = absolute_path(data.path, b)
+    data.eval_path = absolute_path(data.eval_path, b)
     return cfg
 
 
