@@ -204,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or ROOT / "benchmarks" / "results" / f"collab-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    runs = {r: {s: run_one(variant(base, r, s), r, s, out) for s in range(args.seeds)} for r in recipes}
+    runs: dict[str, dict[int, dict]] = {r: {} for r in recipes}
+    for s in range(args.seeds):  # seed-major: an interrupted benchmark leaves every recipe with the same seeds
+        for r in recipes:
+            runs[r][s] = run_one(variant(base, r, s), r, s, out)
     summary = aggregate(runs)
     meta = {"seeds": args.seeds, "steps": base.run.steps, "prompts_per_step": base.run.prompts_per_step,
             "samples_per_prompt": base.run.samples_per_prompt, "eval_size": base.run.data.eval_size,
