@@ -116,6 +116,10 @@ class ModelConfig(Strict):
     """``auto``: the tokenizer's chat template when it has one, else the plain template."""
     system_prompt: str = "Solve the problem. Put the final answer in \\boxed{}."
     """Instruction placed before every problem (system turn, or the plain template's header)."""
+    stop: list[str] | None = None
+    """Strings that end a response, cut off before them (like vLLM's ``stop``); the response then ends with
+    EOS. Default: ``["\\nQuestion:"]`` under the plain template (a base model goes on to write the next
+    question), none under a chat template. ``[]`` turns stop strings off."""
     max_prompt_tokens: PositiveInt = 512
     """Prompt tokens kept (left truncation) in the learner's tokenization."""
     max_response_tokens: PositiveInt = 256

@@ -22,6 +22,9 @@ from jinja2.exceptions import TemplateError
 PLAIN_TEMPLATE = "{system_prompt}\n\nQuestion: {problem}\nAnswer:"
 """Completion template for models without a chat template (e.g. gemma3-270m, a base model)."""
 
+PLAIN_STOP_STRINGS = ("\nQuestion:",)
+"""Where a base model's answer ends under :data:`PLAIN_TEMPLATE`: it starts the next ``Question:`` itself."""
+
 Template = Literal["auto", "plain"]
 
 
@@ -49,6 +52,17 @@ def _plain_text(problem: str, system_prompt: str) -> str:
     if not system_prompt:
         return f"Question: {problem}\nAnswer:"
     return PLAIN_TEMPLATE.format(system_prompt=system_prompt, problem=problem)
+
+
+def stop_strings(tokenizer, template: Template = "auto", configured: list[str] | None = None) -> list[str]:
+    """Stop strings of one model: ``configured`` when given (``[]`` = none), else the template's own —
+    :data:`PLAIN_STOP_STRINGS` for the plain template, none for a chat template (its EOS ends the turn).
+
+    Raises ``ValueError`` for an unknown template name.
+    """
+    if configured is not None:
+        return [s for s in configured if s]
+    return [] if _uses_chat_template(tokenizer, template) else list(PLAIN_STOP_STRINGS)
 
 
 def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template: Template = "auto") -> str:

@@ -50,7 +50,8 @@ DEFAULT_CONFIG: dict = {
         {"name": "gemma3", "model": {"name_or_path": "gemma3-270m", "device": "cpu",
                                      "system_prompt": FORMAT_PROMPT, "max_response_tokens": 64},
          "algo": {"name": "hacpo", "kl_coef": 0.0},
-         "optim": {"lr": 1e-5, "mini_batch_rows": 8, "micro_batch_tokens": 2048}, "verifier": {"workers": 1}},
+         "optim": {"lr": 1e-5, "mini_batch_rows": 8, "micro_batch_tokens": 2048, "logprob_chunk_tokens": 256},
+         "verifier": {"workers": 1}},
     ],
 }
 """The run of ``hacrl-fed simulate`` without ``--config`` (``examples/default.toml`` is the same):

@@ -34,6 +34,46 @@ def split_generated(ids: Sequence[int], eos_ids: Collection[int], max_new_tokens
     return [int(t) for t in ids[:max_new_tokens]], "length"
 
 
+def cut_at_stop_strings(tokenizer, ids: Sequence[int], finish: str, stop_strings: Sequence[str],
+                        eos_id: int) -> tuple[list[int], str]:
+    """Cut a generated response before the first stop string in its text (vLLM's ``stop``, lm-eval's ``until``).
+
+    Args:
+        tokenizer: the generator's tokenizer.
+        ids: the exact response ids from :func:`split_generated` (terminal EOS included iff ``finish == "stop"``).
+        finish: ``"stop"`` or ``"length"``.
+        stop_strings: strings that end a response; the string itself is not part of the response.
+        eos_id: the EOS id appended to a response cut here.
+
+    Returns ``(ids, finish)``: unchanged when no stop string occurs in the decoded text (as
+    :func:`clean_response_text` decodes it); otherwise the longest token prefix whose text is a prefix of
+    the text before the stop string, plus ``eos_id``, with finish reason ``"stop"`` — a stop-string stop
+    becomes an EOS stop, so the learner is trained to end its answer there (the project's EOS convention).
+    A token that straddles the stop string's first character is dropped with it.
+    """
+    ids = [int(t) for t in ids]
+    body = ids[:-1] if finish == "stop" and ids else ids
+    text = tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    hits = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
+    if not hits:
+        return ids, finish
+    keep = text[: min(hits)]
+
+    def prefix_text(j: int) -> str:
+        return tokenizer.decode(body[:j], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    lo, hi = 0, len(body)  # largest j with len(prefix_text(j)) <= len(keep): decoded length grows with j
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(prefix_text(mid)) <= len(keep):
+            lo = mid
+        else:
+            hi = mid - 1
+    while lo > 0 and not keep.startswith(prefix_text(lo)):
+        lo -= 1
+    return body[:lo] + [int(eos_id)], "stop"
+
+
 def clean_response_text(tokenizer, ids: Sequence[int], *, eos_ids: Collection[int] | None = None) -> str:
     """Shared text of a generated response: decode ``ids`` minus a terminal EOS with ``skip_special_tokens=True``.
 

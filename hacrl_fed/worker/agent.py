@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, SamplingConfig
-from hacrl_fed.data.prompts import render_prompt
+from hacrl_fed.data.prompts import render_prompt, stop_strings
 from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.federation.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
@@ -127,7 +127,9 @@ class AgentWorker:
             ref = copy.deepcopy(self.model).merge_and_unload() if self.loaded.is_lora else copy.deepcopy(self.model)
             ref.requires_grad_(False).eval()
         self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
-                                      logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens)
+                                      logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
+                                      stop_strings=stop_strings(self.tokenizer, cfg.model.chat_template,
+                                                                cfg.model.stop))
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing)

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, Sequence
 import torch
 
 from hacrl_fed.algo.logprobs import token_logprobs
-from hacrl_fed.tokenization.retokenize import clean_response_text, split_generated
+from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, split_generated
 
 __all__ = ["GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "eos_token_ids"]
 
@@ -118,10 +118,13 @@ class HFRolloutEngine:
         max_batch_sequences: sequences per ``generate`` call (memory bound).
         logprob_batch_tokens: padded tokens per scoring forward pass.
         logprob_chunk_tokens: LM-head chunk of :func:`token_logprobs`.
+        stop_strings: strings that end a response (e.g. the plain template's next ``Question:``). A row
+            stops generating once its text contains one; the response is cut before it and ends with EOS
+            (finish reason ``stop``, :func:`~hacrl_fed.tokenization.retokenize.cut_at_stop_strings`).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_sequences: int = 32, logprob_batch_tokens: int = 8192,
-                 logprob_chunk_tokens: int = 1024) -> None:
+                 logprob_chunk_tokens: int = 1024, stop_strings: Sequence[str] = ()) -> None:
         if max_batch_sequences < 1 or logprob_batch_tokens < 1:
             raise ValueError("max_batch_sequences and logprob_batch_tokens must be >= 1")
         self.model = model
@@ -129,6 +132,7 @@ class HFRolloutEngine:
         self.max_batch_sequences = max_batch_sequences
         self.logprob_batch_tokens = logprob_batch_tokens
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.stop_strings = tuple(s for s in stop_strings if s)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -172,8 +176,8 @@ class HFRolloutEngine:
 
     def _generate_batch(self, prompts: list[tuple[int, ...]],
                         sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason]]:
-        """One left-padded ``generate`` call; cut each row at its first EOS."""
-        from transformers import GenerationConfig
+        """One left-padded ``generate`` call; cut each row at its first EOS or stop string."""
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -188,11 +192,15 @@ class HFRolloutEngine:
             max_new_tokens=sp.max_new_tokens, min_new_tokens=0, eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id, use_cache=True, **warpers,
         )
+        criteria = (StoppingCriteriaList([_StopOnStrings(self.tokenizer, self.stop_strings, width)])
+                    if self.stop_strings else None)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen_cfg)
+                                  generation_config=gen_cfg, stopping_criteria=criteria)
         result: list[tuple[tuple[int, ...], FinishReason]] = []
         for row in out[:, width:].tolist():
             ids, finish = split_generated(row, self.eos_ids, sp.max_new_tokens)
+            if self.stop_strings:
+                ids, finish = cut_at_stop_strings(self.tokenizer, ids, finish, self.stop_strings, self.eos_ids[0])
             result.append((tuple(ids), finish))  # type: ignore[arg-type]
         return result
 
@@ -228,3 +236,25 @@ class HFRolloutEngine:
                                 chunk_tokens=self.logprob_chunk_tokens).cpu()
         return [(float(lp[b, len(p):len(p) + len(r)].double().sum()), len(r))
                 for b, (p, r) in enumerate(zip(prompts, responses))]
+
+
+class _StopOnStrings:
+    """``generate`` stopping criterion: a row is done once the text of its last tokens contains a stop string.
+
+    Only the tail is decoded (enough tokens for the longest stop string, each token being at least one
+    character or a special token), so a step costs O(batch) short decodes.
+    """
+
+    def __init__(self, tokenizer, stop_strings: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.prompt_width = prompt_width
+        self.window = max(len(s) for s in self.stop_strings) + 4
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for b, row in enumerate(input_ids[:, self.prompt_width:].tolist()):
+            tail = self.tokenizer.decode(row[-self.window:], skip_special_tokens=True,
+                                         clean_up_tokenization_spaces=False)
+            done[b] = any(s in tail for s in self.stop_strings)
+        return done

@@ -167,6 +167,7 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     )
 
     from hacrl_fed.config import VerifierConfig
+    from hacrl_fed.data.prompts import stop_strings
     from hacrl_fed.reward import Verifier
     from hacrl_fed.worker.engine import HFRolloutEngine
     from hacrl_fed.worker.models import load_model
@@ -175,7 +176,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     if not items:
         raise ValueError(f"{data}: no problems to evaluate")
     lm = load_model(model_cfg)
-    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences)
+    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences,
+                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop))
     chunk = max(1, max_batch_sequences // samples)
     t0 = time.perf_counter()
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

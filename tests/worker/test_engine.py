@@ -99,3 +99,37 @@ def test_sampling_validation_and_bad_input(load_tiny):
         eng.generate([[]], 1, Sampling(), seed=0)
     with pytest.raises(ValueError, match="n must be"):
         eng.generate([[1, 2]], 0, Sampling(), seed=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stop_strings_end_generation_and_cut_the_response(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0, max_new_tokens=16)
+    plain = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    stop = next(s.text[4:7] for s in plain if len(s.text) > 8 and s.text[4:7].strip())  # text the model really writes
+    eng = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop])
+    cut = eng.generate(prompts, 1, sp, seed=0)
+    assert any(stop in s.text for s in plain)
+    for before, after in zip(plain, cut):
+        if stop not in before.text:
+            assert (after.response_ids, after.finish_reason) == (before.response_ids, before.finish_reason)
+            continue
+        assert after.finish_reason == "stop" and after.response_ids[-1] == eng.eos_ids[0]
+        assert after.response_ids[:-1] == before.response_ids[:len(after.response_ids) - 1]
+        assert stop not in after.text and before.text[:before.text.find(stop)].startswith(after.text)
+        assert after.token_count == len(after.response_ids)
+        assert after.logprob_sum == pytest.approx(
+            _naive_logprob_sum(lm.model, after.prompt_ids, after.response_ids, 1.0), abs=1e-3)
+
+
+def test_stop_criterion_marks_only_rows_whose_tail_holds_a_stop_string(load_tiny):
+    from hacrl_fed.worker.engine import _StopOnStrings
+
+    tok = load_tiny("tiny-gemma-unigram").tokenizer
+    rows = [tok("x y\nQuestion: z", add_special_tokens=False).input_ids, tok("x y z w", add_special_tokens=False).input_ids]
+    width = max(map(len, rows))
+    prompt = [5, 6]
+    ids = torch.tensor([prompt + r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+    done = _StopOnStrings(tok, ["\nQuestion:"], prompt_width=len(prompt))(ids, None)
+    assert done.tolist() == [True, False]
