@@ -28,7 +28,7 @@ def fail(message: str, code: int = 2) -> None:
     key not in the roster …) and 1 for a failure at run time (a process that did not start, a
     model that does not load, a run that failed).
     """
-    typer.echo(f"error: {message}", err=True)
+    typer.echo("error: " + "; ".join(line for line in message.splitlines() if line.strip()), err=True)
     raise typer.Exit(code)
 
 
@@ -93,8 +93,10 @@ def worker_cmd(
     address_file: Path | None = typer.Option(None, "--address-file", help="Write the bound address here when healthy."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
 ) -> None:
-    """Advanced: run only the site's agent worker (the process that owns the model), e.g. in a GPU
-    container or another Python environment; `hacrl-fed client --worker-address` attaches a site to it."""
+    """Advanced: run only the site's agent worker (the process that owns the model).
+
+    For a worker in a GPU container or another Python environment; `hacrl-fed client --worker-address`
+    attaches a site to it."""
     from hacrl_fed.config import ClientConfig, ConfigError, load_config
 
     try:

@@ -172,7 +172,7 @@ def summary_table(report: Mapping[str, Any]):
     from rich.table import Table
 
     phases = report["phases"]
-    table = Table(title=f"run {report['run_id']}: {report['steps_done']} steps in {_f(phases.get('total_s'), '.0f')} s",
+    table = Table(title=f"run {report['run_id']}: {report['steps_done']} steps, {_f(phases.get('total_s'), '.0f')} s in all",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for i, col in enumerate(("agent", "before", "after", "Δ pt", "P̂", "wire/step", "weights", "ratio", "peak RSS")):
         table.add_column(col, justify="left" if i == 0 else "right")

@@ -207,7 +207,7 @@ def _hub_source(repo_id: str, gguf_file: str | None) -> ModelSource:
     if cached is not None:
         return ModelSource(cached, gguf_file)
     raise ModelNotFoundError(
-        f"model {repo_id!r} is no known alias, no local directory or file, and not in the local Hugging Face "
+        f"model {repo_id!r} is not a known alias, a local directory or file, or in the local Hugging Face "
         f"cache, and {why}; use a known alias ({', '.join(known_aliases())}) or a local model directory or "
         f".gguf file (e.g. ./models/{repo_id.rpartition('/')[2]})")
 
