@@ -17,17 +17,20 @@ optimizer updates per step. Seeds change the prompt sampler and the sampling see
 (``run.seed``, ``optim.seed``); the held-out problems stay the same. All recipes of one seed
 share the run id, from which the agents' sampling seeds derive.
 
-Full benchmark (not CI): 4 recipes × 3 seeds = 12 runs of 20 steps; one run of the default
-agents takes ≈ 40 min on 2 CPU cores (≈ 110 s per step, GSPO×2 ≈ 1.5× that), so ≈ 8–10 hours::
+Measured run (``benchmarks/results/collab-5step-3seed/``, 1 h 44 min on 2 CPU cores: 410–565 s per
+run of 5 steps, ≈ 55–90 s per step)::
 
-    python benchmarks/run_collab.py --seeds 3 --steps 20
+    python benchmarks/run_collab.py --seeds 3 --steps 5 --out benchmarks/results/collab-5step-3seed
+
+Without ``--steps`` a run has 20 steps: ≈ 5–6 hours for 3 seeds on 2 CPU cores.
 
 Plumbing check with the tiny local models (random weights, accuracy 0; ~2 min per run)::
 
     python benchmarks/run_collab.py --tiny --seeds 1 --steps 2
 
 Writes ``benchmarks/results/collab-<time>/`` (or ``--out``): ``results.json``, ``results.md``,
-``collab.png``, the per-run configs and logs, and the run directories ``runs/<recipe>/seed<N>/``.
+``collab.png``, the per-run configs, logs and per-step metrics (``metrics/<recipe>-s<N>.jsonl`` and
+``.report.md``), and the run directories ``runs/<recipe>/seed<N>/`` (git-ignored: exported models).
 Re-running with the same ``--out`` skips runs that already have a report (an interrupted run
 starts afresh).
 """
@@ -97,6 +100,9 @@ def run_one(cfg, recipe: str, seed: int, out: Path) -> dict:
         print(f"[{name}] FAILED (exit code {code}); see {out / 'logs' / f'{name}.log'}", flush=True)
         return {"agents": {}, "phases": {}, "wall_s": wall, "exit_code": code}
     report = json.loads((run_dir / "report.json").read_text())
+    (out / "metrics").mkdir(exist_ok=True)  # the small per-step record, kept beside the results (runs/ is ignored)
+    for src, suffix in (("metrics.jsonl", ".jsonl"), ("report.md", ".report.md")):
+        (out / "metrics" / f"{name}{suffix}").write_bytes((run_dir / src).read_bytes())
     accs = ", ".join(f"{n} {a['accuracy_before']:.3f}→{a['accuracy_after']:.3f}" for n, a in report["agents"].items()
                      if a["accuracy_before"] is not None and a["accuracy_after"] is not None)
     print(f"[{name}] {wall:.0f} s: {accs}", flush=True)
