@@ -22,6 +22,11 @@ def _eos_ids(tokenizer, eos_ids: Collection[int] | None) -> set[int]:
     return set() if tokenizer.eos_token_id is None else {int(tokenizer.eos_token_id)}
 
 
+def decode_text(tokenizer, ids: Sequence[int]) -> str:
+    """The project's one text decoding of response ids: special tokens stripped, spaces left as decoded."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def split_generated(ids: Sequence[int], eos_ids: Collection[int], max_new_tokens: int) -> tuple[list[int], str]:
     """Exact response of one generated row: the ids up to and including the first EOS (finish reason ``stop``),
     else the first ``max_new_tokens`` ids (``length``). Anything after the EOS is padding and is dropped;
@@ -45,22 +50,22 @@ def cut_at_stop_strings(tokenizer, ids: Sequence[int], finish: str, stop_strings
         stop_strings: strings that end a response; the string itself is not part of the response.
         eos_id: the EOS id appended to a response cut here.
 
-    Returns ``(ids, finish)``: unchanged when no stop string occurs in the decoded text (as
-    :func:`clean_response_text` decodes it); otherwise the longest token prefix whose text is a prefix of
+    Returns ``(ids, finish)``: unchanged when no stop string occurs in the decoded text
+    (:func:`decode_text`, as :func:`clean_response_text` decodes it); otherwise the longest token prefix whose text is a prefix of
     the text before the stop string, plus ``eos_id``, with finish reason ``"stop"`` — a stop-string stop
     becomes an EOS stop, so the learner is trained to end its answer there (the project's EOS convention).
     A token that straddles the stop string's first character is dropped with it.
     """
     ids = [int(t) for t in ids]
     body = ids[:-1] if finish == "stop" and ids else ids
-    text = tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = decode_text(tokenizer, body)
     hits = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
     if not hits:
         return ids, finish
     keep = text[: min(hits)]
 
     def prefix_text(j: int) -> str:
-        return tokenizer.decode(body[:j], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return decode_text(tokenizer, body[:j])
 
     lo, hi = 0, len(body)  # largest j with len(prefix_text(j)) <= len(keep): decoded length grows with j
     while lo < hi:
@@ -88,7 +93,7 @@ def clean_response_text(tokenizer, ids: Sequence[int], *, eos_ids: Collection[in
     ids = [int(t) for t in ids]
     if ids and ids[-1] in _eos_ids(tokenizer, eos_ids):
         ids = ids[:-1]
-    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return decode_text(tokenizer, ids)
 
 
 def drift_stats(rows: Iterable[TrainingRow]) -> dict[str, float]:

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, Sequence
 import torch
 
 from hacrl_fed.algo.logprobs import token_logprobs
-from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, split_generated
+from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
 __all__ = ["GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "eos_token_ids"]
 
@@ -254,7 +254,6 @@ class _StopOnStrings:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for b, row in enumerate(input_ids[:, self.prompt_width:].tolist()):
-            tail = self.tokenizer.decode(row[-self.window:], skip_special_tokens=True,
-                                         clean_up_tokenization_spaces=False)
+            tail = decode_text(self.tokenizer, row[-self.window:])
             done[b] = any(s in tail for s in self.stop_strings)
         return done
