@@ -129,6 +129,12 @@ class ModelConfig(Strict):
     """LoRA rank through ``peft``; 0 = full fine-tuning."""
     lora_alpha: PositiveInt = 16
     lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    train_embeddings: bool = True
+    """Full fine-tuning only: ``false`` freezes the token embedding and the LM head (tied or not). AdamW
+    normalizes every gradient, so each of a 262k-entry vocabulary's rows moves by ≈ lr per update even
+    when its gradient is ~1e-9 (the softmax pushes down every token not sampled); freezing them keeps a
+    small-batch RL update to the transformer blocks and skips the head's weight gradient (README, "Base-model
+    stability")."""
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
@@ -152,6 +158,10 @@ class OptimConfig(Strict):
     """Positions per chunk when computing selected-token log-probs (no full [T, V] log-softmax)."""
     epochs: PositiveInt = 1
     seed: int = 0
+    skip_zero_grad_updates: bool = True
+    """Skip the optimizer step of a mini-batch whose gradient is exactly zero (every advantage 0, or every
+    cross row outside its clip window) and count it (``zero_grad_updates``). AdamW would otherwise still move
+    the weights by its momentum and weight decay with no signal from the batch (what verl and TRL do)."""
 
 
 class AgentConfig(Strict):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 RecipeName = Literal[
     "hacpo", "gspo", "grpo", "isolated", "naive", "gspo_x2",
     "hacpo_no_adv", "hacpo_no_omega", "hacpo_no_clip", "hacpo_no_stepwise",
+    "hacpo_cross_family",
 ]
 
 _GSPO_ALONE: dict[str, Any] = {
@@ -45,6 +46,11 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "hacpo_no_omega": MappingProxyType({"capability_gradient": False}),
     "hacpo_no_clip": MappingProxyType({"cross_clip": False}),
     "hacpo_no_stepwise": MappingProxyType({"cross_clip_step": 0.0}),
+    # Extension (not the paper): HACPO for agents of different families and tokenizers — the cross ratio
+    # per byte of the shared text, verified peer successes below the window kept at the edge weight, rows
+    # above it kept at weight 1 (README "Cross-family collaboration").
+    "hacpo_cross_family": MappingProxyType({"cross_ratio_unit": "byte", "cross_below_window": "success_gated",
+                                            "cross_above_window": "on_policy"}),
 })
 """Recipe name → the fields it sets (everything else keeps the HACPO default)."""
 
@@ -76,6 +82,21 @@ class AlgoConfig(BaseModel):
     """Exponent of exponential importance sampling (Eq. 12); the paper sweeps 0, 1, 2, 3."""
     cross_clip: bool = True
     """Clamp cross ratios to [l_m, 1] (Eq. 13–14). False = "no clip"."""
+    cross_ratio_unit: Literal["token", "byte"] = "token"
+    """Unit of the cross ratio's length normalization (:func:`hacrl_fed.algo.losses.cross_log_ratio`).
+    ``token``: the paper's two-length form, log s = Σ log π_k / L_k − Σ log π_j,old / L_j. ``byte``
+    (extension): log s = (Σ log π_k − Σ log π_j,old) / B over the B UTF-8 bytes of the same text — the
+    same normalizer for both tokenizers; δ then bounds the per-byte log-ratio (≈ 3× looser per token at
+    3 bytes per token)."""
+    cross_below_window: Literal["drop", "success_gated"] = "drop"
+    """Cross rows with s < l_m. ``drop`` (paper, Eq. 13): clamped, no gradient. ``success_gated``
+    (extension; LUFFY arXiv 2504.14945 and F-TIS keep verified off-policy successes): a row with A > 0
+    keeps the edge weight, J = l_m · sg(l_m)^α · r_{j→k} · A with gradient l_m^(1+α)·r·A·∇ mean log π_k;
+    rows with A ≤ 0 stay dropped."""
+    cross_above_window: Literal["clamp", "on_policy"] = "clamp"
+    """Cross rows with s > 1. ``clamp`` (paper, Eq. 13): c = 1, no gradient. ``on_policy`` (extension):
+    the learner already gives the text more probability than its author, so the row is treated as
+    on-policy, J = r_{j→k} · A with weight 1 and gradient r·A·∇ mean log π_k."""
     cross_clip_delta: Annotated[float, Field(ge=0, le=1)] = 0.2
     """δ: lower bound 1 − δ at m = 0."""
     cross_clip_step: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.025

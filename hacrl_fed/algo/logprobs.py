@@ -153,7 +153,7 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
-                   chunk_tokens: int = 1024, fused: bool | None = None) -> Tensor:
+                   chunk_tokens: int = 1024, fused: bool | None = None, score_mask: Tensor | None = None) -> Tensor:
     """Log-probs of the tokens in ``input_ids`` under ``model``, chunked over the LM head.
 
     Args:
@@ -166,6 +166,9 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
         fused: ``None`` (default) picks the hand-written chunked backward for a plain ``nn.Linear`` head
             and otherwise (LoRA-wrapped or quantized heads) autograd through
             :func:`torch.utils.checkpoint.checkpoint` per chunk; ``True``/``False`` force one.
+        score_mask: optional Bool/Long [B, T], the positions whose log-prob is wanted (e.g. the response
+            mask). The LM head — most of the work with a large vocabulary — then runs only there; every
+            other position is 0 in the output. ``None`` scores every position.
 
     Returns:
         FloatTensor [B, T] (float32): ``out[b, t] = log π(input_ids[b, t] | input_ids[b, :t])`` after
@@ -184,6 +187,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
         raise ValueError(f"temperature must be > 0 for log-probs (use 1.0 for greedy), got {temperature}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if score_mask is not None and score_mask.shape != input_ids.shape:
+        raise ValueError(f"score_mask {tuple(score_mask.shape)} must be [B, T] like input_ids {tuple(input_ids.shape)}")
     decoder, head, config = unwrap_causal_lm(model)
     cap, scale = _logit_transform(config)
     mask = attention_mask.bool()
@@ -194,6 +199,8 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     # position t is scored from hidden state t-1; both t and t-1 must be real tokens
     valid = torch.zeros_like(mask)
     valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
+    if score_mask is not None:
+        valid &= score_mask.bool()
     h = hidden[:, :-1][valid[:, 1:]]                                                   # [N, H]
     targets = input_ids[:, 1:][valid[:, 1:]]                                          # [N]
     inv_t = 1.0 / temperature

@@ -4,11 +4,13 @@ Shapes: B rows (sequences) of a micro-batch, T padded positions (prompt + respon
 log-probs follow the project convention ``logp[b, t] = log π(ids[b, t] | ids[b, :t])`` and are
 0 at padding; ``response_mask`` marks the response tokens (from lengths, never ``!= pad``).
 
-EOS convention: a response that finished with STOP includes its terminal EOS token on **both**
-sides — in the source's behaviour log-prob sum and count L_j, and in the learner's view and L_k
-(the learner's own EOS id is appended to re-encoded foreign text). LENGTH-truncated responses
-have no EOS on either side. So the policy learns when to stop, and the two lengths measure the
-same response.
+EOS convention: a response that finished with STOP ends with its terminal EOS token in the learner's
+view (the learner's own EOS id is appended to re-encoded foreign text), so the gradient always covers
+it and the policy learns when to stop. The *value* of a cross ratio compares content tokens only
+(``LossInputs.ratio_mask``): the terminal EOS is left out of both sums and both lengths when the source
+sent its EOS log-prob (the source's EOS was often appended at a stop-string cut and never sampled, and
+a fixed per-response term would make s shrink as 1/L). Own rows keep the EOS on both sides (the same
+tokens). LENGTH-truncated responses have no EOS on either side.
 
 Row objective J_i (maximized; the loss is −J):
 
@@ -17,7 +19,10 @@ Row objective J_i (maximized; the loss is −J):
 * own row, GRPO (``ratio_level="token"``): the same with a per-token ratio ρ_t, token-mean per row
 * cross row from source j, HACPO (Eqs. 10–14, 50):
   J = c · sg(c)^α · r_{j→k} · A,  c = clamp(s, l_m, 1),  l_m = min(1, 1 − δ + m·δ_step),
-  s = exp((1/L_k) Σ log π_k(y^k) − (1/L_j) Σ log π_j,old(y^j))     (two lengths)
+  s = exp((1/L_k) Σ log π_k(y^k) − (1/L_j) Σ log π_j,old(y^j))     (two lengths, content tokens)
+  Named extensions (``AlgoConfig``; the ``hacpo_cross_family`` preset sets all three): the ratio per
+  byte of the shared text (``cross_ratio_unit``), verified successes below the window kept at the edge
+  weight (``cross_below_window``), rows above 1 kept at weight 1 (``cross_above_window``).
 * cross row, naive sharing (``cross_objective="self"``): the GSPO self objective with the
   source's behaviour log-prob as the old log-prob (no ω, no stepwise window).
 
@@ -59,6 +64,12 @@ class LossInputs:
         ref_token_logprobs: float [B, T] reference-model log-probs (KL on own rows); None = no ref.
         num_sequences: rows in the whole mini-batch (normalizer of the sequence mean); None = B.
         num_own_tokens: own response tokens in the whole mini-batch (KL normalizer); None = here.
+        ratio_mask: bool [B, T], the learner tokens the *cross* ratio's value compares (content tokens:
+            the response without a terminal EOS whose source log-prob is excluded too); None =
+            ``response_mask``. For cross rows ``old_logprob_sum`` / ``old_token_count`` cover the same
+            content. The gradient always covers every response token.
+        content_bytes: float/long [B], UTF-8 bytes of each row's content text (``cross_ratio_unit =
+            "byte"``); None otherwise.
     """
 
     token_logprobs: Tensor
@@ -73,6 +84,8 @@ class LossInputs:
     ref_token_logprobs: Tensor | None = None
     num_sequences: int | None = None
     num_own_tokens: int | None = None
+    ratio_mask: Tensor | None = None
+    content_bytes: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +94,15 @@ class RowTerms:
 
     objective: float [B] J_i (carries grad); ratio: float [B] detached s (GRPO: exp of the
     mean token log-ratio); clip_low / clip_high: float [B] detached fraction of the row's ratios
-    below / above its clip window (0 or 1 for sequence ratios).
+    below / above its clip window (0 or 1 for sequence ratios); has_grad: float [B] detached 1 where
+    the row contributes a non-zero gradient (A ≠ 0 and its ratio term is not clamped), else 0.
     """
 
     objective: Tensor
     ratio: Tensor
     clip_low: Tensor
     clip_high: Tensor
+    has_grad: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,49 @@ def sequence_log_ratio(token_logprobs: Tensor, response_mask: Tensor, old_logpro
     log_s = mean_logp - old_logprob_sum.to(token_logprobs.dtype) / l_j
     # |log s| ≤ max_abs_log_ratio: exp overflow guard (reference codes use 10)
     return log_s.clamp(-max_abs_log_ratio, max_abs_log_ratio)
+
+
+def cross_log_ratio(inputs: LossInputs, *, unit: str = "token", max_abs_log_ratio: float = 10.0) -> Tensor:
+    """log s of cross rows: the value over the content tokens in the chosen unit, the gradient GSPO-token
+    style over every response token (spec §4.2 [F]). [B] with grad.
+
+    Value (content = ``inputs.ratio_mask``, the source sums already content-only):
+
+    * ``unit="token"`` (paper, two lengths, Eq. 11 / v2 Eq. 59; T9):
+      log s = (1/L_k) Σ_content log π_k − (1/L_j) Σ_content log π_j,old
+    * ``unit="byte"`` (tokenizer-invariant; cross-tokenizer likelihood comparison of the same text span,
+      as in ALM-style cross-tokenizer distillation): log s = (Σ_content log π_k − Σ_content log π_j,old) / B,
+      B = UTF-8 bytes of the content text, the same number for both models. s is then the per-byte
+      likelihood ratio of the text, and the window [1 − δ, 1] bounds log s per byte: at ≈ 3 bytes per
+      token the same δ admits ≈ 3× the per-token disagreement.
+
+    Both are clamped to ±``max_abs_log_ratio``. Gradient: ∇ (1/L_k) Σ_{response tokens} log π_k (EOS
+    included, so the learner still learns to stop); zero where the clamp binds.
+    Raises ``ValueError`` for an unknown unit or ``unit="byte"`` without ``content_bytes``.
+    """
+    lp = inputs.token_logprobs
+    resp = inputs.response_mask.bool()
+    content = resp if inputs.ratio_mask is None else inputs.ratio_mask.bool()
+    zeros = torch.zeros_like(lp)
+    with torch.no_grad():
+        s_k = torch.where(content, lp, zeros).sum(-1)
+        s_j = inputs.old_logprob_sum.to(lp.dtype)
+        if unit == "token":
+            # log s = (1/L_k) Σ log π_k − (1/L_j) Σ log π_j,old     (content tokens, two lengths)
+            raw = s_k / content.sum(-1).clamp(min=1).to(lp.dtype) - s_j / inputs.old_token_count.to(lp.dtype).clamp(
+                min=1.0)
+        elif unit == "byte":
+            if inputs.content_bytes is None:
+                raise ValueError("cross_ratio_unit = 'byte' needs LossInputs.content_bytes")
+            # log s = (Σ log π_k − Σ log π_j,old) / B      (same text, same byte count on both sides)
+            raw = (s_k - s_j) / inputs.content_bytes.to(lp.dtype).clamp(min=1.0)
+        else:
+            raise ValueError(f"unknown cross ratio unit {unit!r}; valid: token, byte")
+        value = raw.clamp(-max_abs_log_ratio, max_abs_log_ratio)
+        free = (raw.abs() <= max_abs_log_ratio).to(lp.dtype)
+    mean_all = torch.where(resp, lp, zeros).sum(-1) / resp.sum(-1).clamp(min=1).to(lp.dtype)
+    # value of the content ratio, gradient of the mean log-prob over every response token
+    return value + free * (mean_all - mean_all.detach())
 
 
 def cross_clip_window(s: Tensor, lower: float) -> Tensor:
@@ -192,7 +250,13 @@ def gspo_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     adv = inputs.advantages.to(s.dtype)
     obj = clipped_surrogate(s, adv, cfg.self_clip_low, cfg.self_clip_high)
     low, high = _outside(s.detach(), 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
-    return RowTerms(obj, s.detach(), low, high)
+    return RowTerms(obj, s.detach(), low, high, _surrogate_grad(s.detach(), adv, cfg))
+
+
+def _surrogate_grad(ratio: Tensor, adv: Tensor, cfg: AlgoConfig) -> Tensor:
+    """1 where min(ρA, clip(ρ)A) takes the unclipped branch with A ≠ 0 (a gradient flows)."""
+    active = ((adv > 0) & (ratio <= 1.0 + cfg.self_clip_high)) | ((adv < 0) & (ratio >= 1.0 - cfg.self_clip_low))
+    return active.to(ratio.dtype)
 
 
 @SELF_OBJECTIVES.register("token")
@@ -217,7 +281,9 @@ def grpo_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
         low = ((rho < 1.0 - cfg.self_clip_low) & mask).sum(-1) / l_k
         high = ((rho > 1.0 + cfg.self_clip_high) & mask).sum(-1) / l_k
         ratio = torch.exp(log_rho.sum(-1) / l_k)
-    return RowTerms(obj, ratio, low, high)
+        active = torch.where(adv > 0, rho <= 1.0 + cfg.self_clip_high, rho >= 1.0 - cfg.self_clip_low)
+        has_grad = ((active & mask).any(-1) & (inputs.advantages != 0)).to(ratio.dtype)
+    return RowTerms(obj, ratio, low, high, has_grad)
 
 
 @CROSS_OBJECTIVES.register("hacpo")
@@ -226,27 +292,48 @@ def hacpo_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
 
     Gradient inside the window: r·A·s^(1+α) · ∇ (1/L_k) Σ log π_k; zero outside it.
     """
-    log_s = sequence_log_ratio(inputs.token_logprobs, inputs.response_mask, inputs.old_logprob_sum,
-                               inputs.old_token_count, max_abs_log_ratio=cfg.max_abs_log_ratio)
+    log_s = cross_log_ratio(inputs, unit=cfg.cross_ratio_unit, max_abs_log_ratio=cfg.max_abs_log_ratio)
     # s^(k,j) = (π_k(y^k)^(1/L_k)) / (π_j,old(y^j)^(1/L_j))
     s = torch.exp(log_s)
+    adv = inputs.advantages.to(s.dtype)
     lower = cfg.cross_lower_bound(inputs.update_index) if cfg.cross_clip else 0.0
     c = cross_clip_window(s, lower) if cfg.cross_clip else s
+    sd = s.detach()
+    with_grad = ((sd >= lower) & (sd <= 1.0)) if cfg.cross_clip else torch.ones_like(sd, dtype=torch.bool)
+    if cfg.cross_clip:
+        unit_weight = torch.exp(log_s - log_s.detach())      # value 1, gradient ∇ mean log π_k
+        if cfg.cross_below_window == "success_gated":
+            # a verified peer success (A > 0) below the window keeps the edge weight l_m (LUFFY-style transfer)
+            rescued = (sd < lower) & (adv > 0)
+            c = torch.where(rescued, lower * unit_weight, c)
+            with_grad = with_grad | rescued
+        if cfg.cross_above_window == "on_policy":
+            # a row the learner already likes more than its author keeps the on-policy gradient at weight 1
+            over = sd > 1.0
+            c = torch.where(over, unit_weight, c)
+            with_grad = with_grad | over
     weighted = exponential_is(c, cfg.alpha)
     # Ã = ω^(j,k) · A = r_{j→k} · A   (Eq. 10: stronger sources amplified, weaker damped)
     omega = inputs.capability_ratio.to(s.dtype) if cfg.capability_gradient else torch.ones_like(s)
-    obj = weighted * omega * inputs.advantages.to(s.dtype)
+    obj = weighted * omega * adv
     upper = 1.0 if cfg.cross_clip else float("inf")
-    low, high = _outside(s.detach(), lower, upper)
-    return RowTerms(obj, s.detach(), low, high)
+    low, high = _outside(sd, lower, upper)
+    has_grad = (with_grad & (adv != 0) & (omega.detach() != 0)).to(sd.dtype)
+    return RowTerms(obj, sd, low, high, has_grad)
 
 
 @CROSS_OBJECTIVES.register("self")
 def naive_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     """Naive sharing: a foreign row gets the GSPO self objective with the source's behaviour
     log-prob as its old log-prob (two lengths), no ω, no stepwise window. Also used when
-    ``ratio_level="token"``: a foreign row has no per-token old log-probs in the learner's tokens."""
-    return gspo_objective(inputs, cfg)
+    ``ratio_level="token"``: a foreign row has no per-token old log-probs in the learner's tokens.
+    The ratio follows the cross-ratio conventions (:func:`cross_log_ratio`: content tokens, unit)."""
+    log_s = cross_log_ratio(inputs, unit=cfg.cross_ratio_unit, max_abs_log_ratio=cfg.max_abs_log_ratio)
+    s = torch.exp(log_s)
+    adv = inputs.advantages.to(s.dtype)
+    obj = clipped_surrogate(s, adv, cfg.self_clip_low, cfg.self_clip_high)
+    low, high = _outside(s.detach(), 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
+    return RowTerms(obj, s.detach(), low, high, _surrogate_grad(s.detach(), adv, cfg))
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -313,9 +400,12 @@ def _merge_terms(own: Tensor, self_t: RowTerms | None, cross_t: RowTerms | None)
         only = self_t if self_t is not None else cross_t
         assert only is not None
         return only
+    def grads(t: RowTerms) -> Tensor:
+        return t.has_grad if t.has_grad is not None else torch.ones_like(t.ratio)
+
     fields = [torch.where(own, a, b) for a, b in zip(
-        (self_t.objective, self_t.ratio, self_t.clip_low, self_t.clip_high),
-        (cross_t.objective, cross_t.ratio, cross_t.clip_low, cross_t.clip_high), strict=True)]
+        (self_t.objective, self_t.ratio, self_t.clip_low, self_t.clip_high, grads(self_t)),
+        (cross_t.objective, cross_t.ratio, cross_t.clip_low, cross_t.clip_high, grads(cross_t)), strict=True)]
     return RowTerms(*fields)
 
 
@@ -330,7 +420,11 @@ def _check_inputs(x: LossInputs) -> None:
         t = getattr(x, name)
         if t.shape != (b,):
             raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")
-    for name in ("old_token_logprobs", "ref_token_logprobs"):
+    for name in ("content_bytes",):
+        t = getattr(x, name)
+        if t is not None and t.shape != (b,):
+            raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")
+    for name in ("old_token_logprobs", "ref_token_logprobs", "ratio_mask"):
         t = getattr(x, name)
         if t is not None and t.shape != x.token_logprobs.shape:
             raise ValueError(f"{name} must be [B, T] like token_logprobs, got {tuple(t.shape)}")
@@ -351,6 +445,8 @@ def _metrics(x: LossInputs, cfg: AlgoConfig, rows: RowTerms, pg: Tensor, kl: Ten
                     f"hacpo/{name}_ratio_max": float(s.max()),
                     f"hacpo/{name}_clipfrac_low": float(rows.clip_low[sel].mean()),
                     f"hacpo/{name}_clipfrac_high": float(rows.clip_high[sel].mean())}
+            if rows.has_grad is not None:
+                out[f"hacpo/{name}_grad_frac"] = float(rows.has_grad[sel].mean())
     if bool((~own).any()) and cfg.cross_objective == "hacpo":
         out["hacpo/omega_mean"] = float(x.capability_ratio[~own].float().mean())
         out["hacpo/cross_lower_bound"] = cfg.cross_lower_bound(x.update_index) if cfg.cross_clip else 0.0

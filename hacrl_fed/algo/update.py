@@ -141,10 +141,12 @@ class _Stats:
         self.tokens = 0
 
     def add_rows(self, sources: list[str], advs: list[float], out) -> None:
+        has_grad = out.rows.has_grad if out.rows.has_grad is not None else torch.ones_like(out.rows.ratio)
         cols = zip(out.rows.ratio.tolist(), out.rows.clip_low.tolist(), out.rows.clip_high.tolist(),
-                   out.row_loss.tolist(), strict=True)
-        for src, adv, (s, lo, hi, loss) in zip(sources, advs, cols, strict=True):
-            for key, value in (("s", s), ("clip_low", lo), ("clip_high", hi), ("loss", loss), ("adv", abs(adv))):
+                   out.row_loss.tolist(), has_grad.tolist(), strict=True)
+        for src, adv, (s, lo, hi, loss, g) in zip(sources, advs, cols, strict=True):
+            for key, value in (("s", s), ("clip_low", lo), ("clip_high", hi), ("loss", loss), ("adv", abs(adv)),
+                               ("grad", g), ("pos_adv", float(adv > 0)), ("pos_grad", float(adv > 0 and g > 0))):
                 self.rows[src][key].append(float(value))
 
     def summary(self, rows: Sequence[TrainingRow]) -> dict[str, float]:
@@ -158,7 +160,7 @@ class _Stats:
         out = {"rows": float(len(rows)), "updates": float(len(u["loss"])), "tokens": float(self.tokens),
                "loss": mean(u["loss"]), "pg_loss": mean(u["pg_loss"]), "kl": mean(u["kl"]),
                "grad_norm": mean(u["grad_norm"]), "grad_norm_max": max(u["grad_norm"], default=0.0),
-               "skipped_updates": float(sum(u["skipped"]))}
+               "skipped_updates": float(sum(u["skipped"])), "zero_grad_updates": float(sum(u["zero_grad"]))}
         if u["cross_lower_bound"]:
             out |= {"cross_lower_bound_first": u["cross_lower_bound"][0],
                     "cross_lower_bound_last": u["cross_lower_bound"][-1],
@@ -170,7 +172,9 @@ class _Stats:
             out |= {f"src/{src}/rows": float(n_src[src]), f"src/{src}/s_mean": mean(col["s"]),
                     f"src/{src}/s_min": min(col["s"]), f"src/{src}/s_max": max(col["s"]),
                     f"src/{src}/clip_low": mean(col["clip_low"]), f"src/{src}/clip_high": mean(col["clip_high"]),
-                    f"src/{src}/adv_abs_mean": mean(col["adv"]), f"src/{src}/loss": mean(col["loss"])}
+                    f"src/{src}/adv_abs_mean": mean(col["adv"]), f"src/{src}/loss": mean(col["loss"]),
+                    f"src/{src}/grad_frac": mean(col["grad"]),
+                    f"src/{src}/pos_adv_rows": sum(col["pos_adv"]), f"src/{src}/pos_adv_grad_rows": sum(col["pos_grad"])}
         return out
 
 
@@ -191,7 +195,7 @@ def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
 
 def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
-                          chunk_tokens=ctx.optim.logprob_chunk_tokens)
+                          chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"])
 
 
 @torch.no_grad()
@@ -230,12 +234,19 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: l
     def col(values: list[float], dtype=torch.float32) -> Tensor:
         return torch.tensor(values, dtype=dtype, device=ctx.device)
 
+    # cross rows compare content tokens: a terminal EOS excluded on the source side is masked out here
+    ratio_mask = resp.clone()
+    for b, i in enumerate(idx):
+        if rows[i].ratio_excludes_eos:
+            ratio_mask[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1] = False
+    source = [rows[i].ratio_source for i in idx]
     inputs = LossInputs(
         token_logprobs=logp, response_mask=resp, advantages=col([adv[i] for i in idx]),
-        old_logprob_sum=col([rows[i].behaviour_logprob_sum for i in idx], torch.float64),
-        old_token_count=col([rows[i].behaviour_token_count for i in idx]), is_own=is_own,
+        old_logprob_sum=col([total for total, _ in source], torch.float64),
+        old_token_count=col([count for _, count in source]), is_own=is_own,
         capability_ratio=col([ratio[i] for i in idx]), update_index=mb.m, old_token_logprobs=old_tok_t,
-        ref_token_logprobs=ref, num_sequences=len(mb.rows), num_own_tokens=n_own_tokens)
+        ref_token_logprobs=ref, num_sequences=len(mb.rows), num_own_tokens=n_own_tokens, ratio_mask=ratio_mask,
+        content_bytes=col([rows[i].content_bytes for i in idx]))
     return inputs, int(batch["attention_mask"].sum())
 
 
@@ -261,11 +272,12 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, ctx.optim.grad_clip))
     skipped = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
-    if not skipped:                      # a non-finite update is dropped and counted, never applied
+    zero = not skipped and grad_norm == 0.0 and ctx.optim.skip_zero_grad_updates
+    if not skipped and not zero:         # a non-finite update is dropped and counted, never applied
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     for key, value in (("loss", loss_sum), ("pg_loss", pg_sum), ("kl", kl_sum), ("grad_norm", grad_norm),
-                       ("skipped", float(skipped))):
+                       ("skipped", float(skipped)), ("zero_grad", float(zero))):
         stats.updates[key].append(value)
     if ctx.algo.cross_clip and ctx.algo.cross_objective == "hacpo" and not all(rows[i].is_own for i in mb.rows):
         stats.updates["cross_lower_bound"].append(ctx.algo.cross_lower_bound(mb.m))
@@ -297,9 +309,12 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Returns:
         ``rows, updates, tokens, loss, pg_loss, kl, grad_norm, grad_norm_max, skipped_updates,
-        adv_abs_mean, zero_adv_frac, cross_lower_bound_first/last, stepwise_saturated_updates`` and per
-        source ``src/<agent>/{rows, s_mean, s_min, s_max, clip_low, clip_high, adv_abs_mean, loss}``
-        (means over updates / rows; ``s`` is the sequence ratio before clipping).
+        zero_grad_updates, adv_abs_mean, zero_adv_frac, cross_lower_bound_first/last,
+        stepwise_saturated_updates`` and per source ``src/<agent>/{rows, s_mean, s_min, s_max, clip_low,
+        clip_high, adv_abs_mean, loss, grad_frac, pos_adv_rows, pos_adv_grad_rows}`` (means over updates /
+        rows; ``s`` is the ratio before clipping; ``grad_frac`` the share of the source's rows that reached
+        the gradient: A ≠ 0 and not clamped; ``pos_adv_*`` count rows with A > 0 and those of them with a
+        gradient).
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator
 
 from hacrl_fed.data.problem import Problem
 
-__all__ = ["LEVELS", "generate", "iter_problems", "level_one_problems"]
+__all__ = ["LEVELS", "generate", "iter_problems", "level_one_problems", "reword"]
 
 LEVELS = (1, 2, 3, 4, 5)
 _MAX_DUPLICATE_RUN = 2000  # consecutive repeats after which a level counts as exhausted
@@ -208,3 +209,27 @@ def generate(n: int, difficulty: int = 1, seed: int | str = 0) -> list[Problem]:
     if len(out) < n:
         raise ValueError(f"arithmetic level {difficulty} has only {len(out)} distinct problems, {n} requested")
     return out
+
+
+_WORDINGS = {
+    "+": "What is the sum of {a} and {b}?",
+    "-": "What do you get when you subtract {b} from {a}?",
+    "*": "What is the product of {a} and {b}?",
+    "/": "What is {a} divided by {b}?",
+}
+_CALCULATE = re.compile(r"^Calculate (\d+) ([-+*/]) (\d+)\.$")
+
+
+def reword(problem: Problem) -> Problem:
+    """The same one-operation problem in other words (``Calculate 7 + 5.`` → ``What is the sum of 7 and 5?``).
+
+    An evaluation set of another wording: accuracy on it counts arithmetic, not the training prompt's
+    format. Same answer, id ``<id>-words``, source ``<source>-words``. Raises ``ValueError`` for a problem
+    that is not of the form ``Calculate a ∘ b.`` (levels 1–2).
+    """
+    m = _CALCULATE.match(problem.problem)
+    if m is None:
+        raise ValueError(f"problem {problem.id!r} is not a one-operation 'Calculate a op b.' problem")
+    a, op, b = m.groups()
+    return Problem(id=f"{problem.id}-words", problem=_WORDINGS[op].format(a=a, b=b), answer=problem.answer,
+                   answer_style=problem.answer_style, source=f"{problem.source}-words")

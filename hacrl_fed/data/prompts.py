@@ -65,6 +65,19 @@ def stop_strings(tokenizer, template: Template = "auto", configured: list[str] |
     return [] if _uses_chat_template(tokenizer, template) else list(PLAIN_STOP_STRINGS)
 
 
+def response_separator(tokenizer, template: Template = "auto") -> str:
+    """What separates a response from its rendered prompt under this model's template: one space after the
+    plain template's ``Answer:``, nothing after a chat template's generation prompt (it ends with a newline).
+
+    Applied to re-encoded *foreign* text (:func:`hacrl_fed.tokenization.views.foreign_row`): a peer's
+    response is stripped of leading whitespace and given this separator, so the learner's first token is
+    the one its own template leads to, not an artifact of the source's template (``Answer:To`` scores
+    ≈ −10 nats where ``Answer: To`` scores ≈ −3.5; ``assistant\n 4`` ≈ −12 where ``assistant\n4`` ≈ −3).
+    Raises ``ValueError`` for an unknown template name.
+    """
+    return "" if _uses_chat_template(tokenizer, template) else " "
+
+
 def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template: Template = "auto") -> str:
     """The rendered prompt as text, special tokens written literally (incl. the BOS of the plain template).
 

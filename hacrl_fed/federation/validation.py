@@ -117,6 +117,13 @@ def _examples(items: list[str]) -> str:
     return shown + (f" (+{len(items) - _MAX_EXAMPLES} more)" if len(items) > _MAX_EXAMPLES else "")
 
 
+def eos_logprob_ok(r) -> bool:
+    """A set ``behaviour_eos_logprob`` is finite, ≤ 0, part of the sum (sum ≤ it) and belongs to a STOP response."""
+    e = r.behaviour_eos_logprob
+    return (math.isfinite(e) and e <= LOGPROB_TOLERANCE and r.finish_reason == FinishReason.STOP
+            and r.behaviour_logprob_sum <= e + LOGPROB_TOLERANCE)
+
+
 def _row_problem(r, samples_per_prompt: int) -> Reason | None:
     """The first problem of one rollout's numbers and enums, or None."""
     if r.sample_index >= samples_per_prompt:
@@ -124,6 +131,8 @@ def _row_problem(r, samples_per_prompt: int) -> Reason | None:
     if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
         return Reason.BAD_REWARD
     if not (math.isfinite(r.behaviour_logprob_sum) and r.behaviour_logprob_sum <= LOGPROB_TOLERANCE):
+        return Reason.BAD_LOGPROB
+    if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
         return Reason.BAD_LOGPROB
     if r.behaviour_token_count < 1:
         return Reason.BAD_TOKEN_COUNT

@@ -70,7 +70,7 @@ class RoundPlan(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompts: _Optional[_Iterable[_Union[PromptItem, _Mapping]]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("prompt_id", "sample_index", "response_text", "reward", "verdict", "behaviour_logprob_sum", "behaviour_token_count", "finish_reason")
+    __slots__ = ("prompt_id", "sample_index", "response_text", "reward", "verdict", "behaviour_logprob_sum", "behaviour_token_count", "finish_reason", "behaviour_eos_logprob")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Rollout(_message.Message):
     BEHAVIOUR_LOGPROB_SUM_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOUR_EOS_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     sample_index: int
     response_text: str
@@ -87,7 +88,8 @@ class Rollout(_message.Message):
     behaviour_logprob_sum: float
     behaviour_token_count: int
     finish_reason: FinishReason
-    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_text: _Optional[str] = ..., reward: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., behaviour_logprob_sum: _Optional[float] = ..., behaviour_token_count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
+    behaviour_eos_logprob: float
+    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_text: _Optional[str] = ..., reward: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., behaviour_logprob_sum: _Optional[float] = ..., behaviour_token_count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., behaviour_eos_logprob: _Optional[float] = ...) -> None: ...
 
 class RolloutBatch(_message.Message):
     __slots__ = ("run_id", "step", "agent_id", "model_fingerprint", "rollouts", "sampling")

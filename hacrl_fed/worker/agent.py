@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, SamplingConfig
-from hacrl_fed.data.prompts import render_prompt, stop_strings
+from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strings
 from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.federation.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
@@ -50,9 +50,14 @@ def sampling_from_proto(sp: pb.SamplingParams, default_max_new_tokens: int) -> S
         raise InvalidRequestError(f"bad sampling parameters: {err}") from None
 
 
-def generation_seed(seed: int, run_id: str, step: int, agent: str) -> int:
-    """Deterministic 63-bit seed of one agent's generation at one step (independent of RNG state)."""
-    digest = hashlib.sha256(f"{seed}|{run_id}|{step}|{agent}".encode()).digest()
+def generation_seed(seed: int, step: int, agent: str) -> int:
+    """Deterministic 63-bit seed of one agent's generation at one step (independent of RNG state).
+
+    ``seed`` is the plan's sampling seed (the coordinator derives it from ``run.seed`` and the step). The run
+    id is deliberately not part of it: ``hacrl-fed simulate`` names runs with a timestamp, and two runs of
+    the same config must draw the same samples (the README's numbers are reproducible).
+    """
+    digest = hashlib.sha256(f"{seed}|{step}|{agent}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & (2**63 - 1)
 
 
@@ -132,7 +137,8 @@ class AgentWorker:
                                                                 cfg.model.stop))
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
-                               max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing)
+                               max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
+                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
         self._own_verifier = verifier is None
         self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
         root = checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints"
@@ -198,7 +204,7 @@ class AgentWorker:
             prompt_ids = self._render(plan.prompts)
             order = [p.prompt_id for p in plan.prompts]
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
-            seed = generation_seed(plan.sampling.seed, plan.run_id, plan.step, self.name)
+            seed = generation_seed(plan.sampling.seed, plan.step, self.name)
             samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
             t_gen = time.perf_counter()
             verdicts = self._verify(plan.prompts, samples)
@@ -241,9 +247,11 @@ class AgentWorker:
             sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                        max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
         for s, (reward, verdict) in zip(samples, verdicts):
-            batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
-                               reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
-                               behaviour_token_count=s.token_count, finish_reason=_FINISH[s.finish_reason])
+            r = batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
+                                   reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
+                                   behaviour_token_count=s.token_count, finish_reason=_FINISH[s.finish_reason])
+            if s.eos_logprob is not None:
+                r.behaviour_eos_logprob = s.eos_logprob
         return batch
 
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:

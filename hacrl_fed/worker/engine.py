@@ -85,6 +85,15 @@ class GeneratedSample:
     finish_reason: FinishReason
     logprob_sum: float
     token_count: int
+    token_logprobs: tuple[float, ...] = ()
+    """Per-token behaviour log-probs of ``response_ids`` (same temperature); ``()`` when the engine has none."""
+
+    @property
+    def eos_logprob(self) -> float | None:
+        """log π_old of the terminal EOS of a ``stop`` response (included in ``logprob_sum``), else None."""
+        if self.finish_reason != "stop" or len(self.token_logprobs) != self.token_count or not self.token_logprobs:
+            return None
+        return self.token_logprobs[-1]
 
 
 class RolloutEngine(Protocol):
@@ -169,9 +178,9 @@ class HFRolloutEngine:
         finally:
             self.model.train(was_training)
         out = []
-        for (pi, si), (resp, finish), (lp_sum, count) in zip(rows, responses, scores):
+        for (pi, si), (resp, finish), (lp_sum, count, per_token) in zip(rows, responses, scores):
             text = clean_response_text(self.tokenizer, resp, eos_ids=self.eos_ids)
-            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, lp_sum, count))
+            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, lp_sum, count, per_token))
         return out
 
     def _generate_batch(self, prompts: list[tuple[int, ...]],
@@ -205,14 +214,14 @@ class HFRolloutEngine:
         return result
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-              temperature: float = 1.0) -> list[tuple[float, int]]:
-        """(Σ log-prob, token count) of each response given its prompt, teacher-forced.
+              temperature: float = 1.0) -> list[tuple[float, int, tuple[float, ...]]]:
+        """(Σ log-prob, token count, per-token log-probs) of each response given its prompt, teacher-forced.
 
         Rows are right-padded prompt+response batches of at most ``logprob_batch_tokens`` padded
         tokens; log-probs come from :func:`token_logprobs` with ``temperature``. Gradients are off.
         """
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        out: list[tuple[float, int]] = []
+        out: list[tuple[float, int, tuple[float, ...]]] = []
         start = 0
         while start < len(lengths):
             end, width = start, 0
@@ -224,18 +233,24 @@ class HFRolloutEngine:
             start = end
         return out
 
-    def _score_batch(self, prompts, responses, width: int, temperature: float) -> list[tuple[float, int]]:
+    def _score_batch(self, prompts, responses, width: int,
+                     temperature: float) -> list[tuple[float, int, tuple[float, ...]]]:
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        scored = torch.zeros((len(prompts), width), dtype=torch.bool)
         for b, (p, r) in enumerate(zip(prompts, responses)):
             seq = list(p) + list(r)
             ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[b, :len(seq)] = 1
+            scored[b, len(p):len(seq)] = True
         with torch.no_grad():
             lp = token_logprobs(self.model, ids.to(self.device), mask.to(self.device), temperature=temperature,
-                                chunk_tokens=self.logprob_chunk_tokens).cpu()
-        return [(float(lp[b, len(p):len(p) + len(r)].double().sum()), len(r))
-                for b, (p, r) in enumerate(zip(prompts, responses))]
+                                chunk_tokens=self.logprob_chunk_tokens, score_mask=scored.to(self.device)).cpu()
+        out = []
+        for b, (p, r) in enumerate(zip(prompts, responses)):
+            tok = lp[b, len(p):len(p) + len(r)].double()
+            out.append((float(tok.sum()), len(r), tuple(tok.tolist())))
+        return out
 
 
 class _StopOnStrings:

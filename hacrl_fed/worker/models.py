@@ -335,8 +335,18 @@ def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> Load
     is_lora = cfg.lora_rank > 0
     if is_lora:
         model = _apply_lora(model, cfg)
+    elif not cfg.train_embeddings:
+        freeze_embeddings(model)
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora)
+
+
+def freeze_embeddings(model) -> None:
+    """``requires_grad = False`` on the input embedding and the LM head (one tensor when tied)."""
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is not None:
+            for p in module.parameters():
+                p.requires_grad_(False)
 
 
 def model_fingerprint(model) -> str:

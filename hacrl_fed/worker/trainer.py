@@ -26,6 +26,7 @@ from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
+from hacrl_fed.federation.validation import eos_logprob_ok
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -80,6 +81,8 @@ def check_batch(batch: pb.RolloutBatch, prompt_ids: Mapping[str, object]) -> str
             return f"{where}: behaviour log-prob needs a finite sum <= 0 over >= 1 token"
         if r.finish_reason not in (pb.STOP, pb.LENGTH):
             return f"{where}: finish reason must be STOP or LENGTH"
+        if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
+            return f"{where}: behaviour EOS log-prob must be finite, <= 0, within the sum, and only on a STOP response"
     return None
 
 
@@ -95,11 +98,14 @@ class Trainer:
         ref_model: frozen reference for the KL term (required when ``algo.kl_coef > 0``).
         max_batch_bytes: size cap of one peer RolloutBatch.
         gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
+        response_separator: the learner template's prompt/response boundary for re-encoded foreign text
+            (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False) -> None:
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
+                 response_separator: str | None = None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -110,6 +116,7 @@ class Trainer:
         self.ref_model = ref_model
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
+        self.response_separator = response_separator
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
         self.step = 0
@@ -136,7 +143,7 @@ class Trainer:
         rewards = self._rewards(batches, capability_table)
         foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
-        rows, dropped = self._rows(own, foreign, rewards)
+        rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         ratios = self._ratios(capability_table, sorted(foreign))
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
@@ -151,7 +158,9 @@ class Trainer:
                    "time/advantages_s": t_adv - t_rows, "time/update_s": t_update - t_adv,
                    "time/total_s": time.perf_counter() - t0}
         ignored = 0 if self.algo.share_rollouts else len(batches) - 1
-        counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped)}
+        counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped),
+                  "dropped_truncated_rows": float(sum(cut.values()))}
+        counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
         return self._report(own, rows, ratios, metrics | timings | counts, rejected)
 
     # ------------------------------------------------------------------ phases
@@ -207,20 +216,26 @@ class Trainer:
         return rewards
 
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
-              rewards: Mapping) -> tuple[list[TrainingRow], int]:
-        """Own rows (generated ids) + foreign rows (re-tokenized); rows left without a response token are
-        dropped and counted."""
+              rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
+        """Own rows (generated ids) + foreign rows (re-tokenized). Rows left without a response token are
+        dropped and counted; so are foreign rows cut by ``max_response_tokens`` in the learner's tokens
+        (their source sum covers text the learner view lacks: no consistent ratio), per source."""
         own_rows = [
             own_row(prompt_id=pid, sample_index=idx, agent=self.agent, prompt_ids=own.prompt_ids[pid],
                     response_ids=s.response_ids, reward=rewards[(self.agent, pid, idx)],
                     behaviour_logprob_sum=s.logprob_sum, finish_reason=s.finish_reason,
-                    max_response_tokens=self.max_response_tokens)
+                    max_response_tokens=self.max_response_tokens, behaviour_token_logprobs=s.token_logprobs)
             for (pid, idx), s in own.samples.items()
         ]
         rows = build_rows(self.tokenizer, own.prompt_ids, own_rows, foreign, self.max_response_tokens,
-                          rewards=rewards)
+                          rewards=rewards, separator=self.response_separator)
         kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
-        return kept, len(rows) - len(kept)
+        cut: dict[str, int] = {src: 0 for src in foreign}
+        for r in kept:
+            if r.truncated and not r.is_own:
+                cut[r.source_agent] += 1
+        usable = [r for r in kept if r.is_own or not r.truncated]
+        return usable, len(rows) - len(kept), cut
 
     def _ratios(self, table: pb.CapabilityTable, sources: list[str]) -> dict[str, float]:
         """r_{j→k} for every foreign source j (1 during warm-up), from the coordinator's capabilities."""

@@ -41,7 +41,8 @@ def test_builtin_registries_and_their_errors():
 EXPECTED = {
     "hacpo": dict(share_rollouts=True, capability_advantage=True, capability_gradient=True, cross_objective="hacpo",
                   ratio_level="sequence", self_clip_low=3e-4, self_clip_high=4e-4, alpha=1.0, cross_clip=True,
-                  cross_clip_delta=0.2, cross_clip_step=0.025, kl_coef=0.001, rollout_multiplier=1),
+                  cross_clip_delta=0.2, cross_clip_step=0.025, kl_coef=0.001, rollout_multiplier=1,
+                  cross_ratio_unit="token", cross_below_window="drop", cross_above_window="clamp"),
     "grpo": dict(share_rollouts=False, ratio_level="token", self_clip_low=0.2, self_clip_high=0.28,
                  rollout_multiplier=1),
     "gspo": dict(share_rollouts=False, ratio_level="sequence", self_clip_low=3e-4, self_clip_high=4e-4),
@@ -53,6 +54,9 @@ EXPECTED = {
     "hacpo_no_omega": dict(capability_advantage=True, capability_gradient=False),
     "hacpo_no_clip": dict(cross_clip=False, capability_gradient=True),
     "hacpo_no_stepwise": dict(cross_clip=True, cross_clip_step=0.0),
+    "hacpo_cross_family": dict(share_rollouts=True, capability_advantage=True, capability_gradient=True,
+                               cross_objective="hacpo", cross_clip=True, cross_ratio_unit="byte",
+                               cross_below_window="success_gated", cross_above_window="on_policy"),
 }
 
 

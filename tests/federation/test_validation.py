@@ -125,3 +125,30 @@ def test_reported_names_that_are_not_agent_names_are_not_used_as_labels(federati
     replies = {9: Reply(9, SiteReply(agent="x" * 500, envelope=b"junk"))}
     _, agents = collect_batches([Node(9, "")], replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=1)
     assert list(agents) == ["node-9"] and agents["node-9"].reason == "malformed"
+
+
+@pytest.mark.parametrize("eos, finish, ok", [
+    (-2.0, "stop", True), (0.0, "stop", True), (5.0, "stop", False), (float("nan"), "stop", False),
+    (float("-inf"), "stop", False), (-100.0, "stop", False),   # more negative than the sum that contains it
+    (-2.0, "length", False),                                   # a LENGTH response has no EOS
+])
+def test_behaviour_eos_logprob_is_checked_on_both_sides(plan, eos, finish, ok):
+    """The coordinator's validation and the learner's check agree on the EOS log-prob field."""
+    from hacrl_fed.v1 import rollout_pb2 as pb
+    from hacrl_fed.worker.trainer import check_batch
+
+    p = plan()
+    batch = honest_batch(p, "alice")
+    r = batch.rollouts[0]
+    r.behaviour_logprob_sum, r.behaviour_token_count = -10.0, 5
+    r.finish_reason = pb.STOP if finish == "stop" else pb.LENGTH
+    r.behaviour_eos_logprob = eos
+    learner = check_batch(batch, {q.prompt_id: () for q in p.prompts})
+    if ok:
+        check_rollouts(batch, p)
+        assert learner is None
+    else:
+        with pytest.raises(BatchRejected) as info:
+            check_rollouts(batch, p)
+        assert info.value.reason is Reason.BAD_LOGPROB
+        assert learner is not None and "EOS log-prob" in learner

@@ -47,7 +47,7 @@ def test_foreign_row_metadata_and_eos(unigram):
     assert row == TrainingRow(prompt_id="q7", sample_index=3, source_agent="alice", is_own=False, prompt_ids=(1, 2, 3),
                               response_ids=(*body, unigram.eos_token_id), reward=1.0, behaviour_logprob_sum=-6.25,
                               behaviour_token_count=11, learner_token_count=len(body) + 1, truncated=False,
-                              finish_reason="stop")
+                              finish_reason="stop", content_bytes=len(text.lstrip().encode("utf-8")))
     assert row.token_ratio == pytest.approx((len(body) + 1) / 11)
 
 
@@ -95,10 +95,17 @@ def test_own_row_keeps_generated_ids(bpe):
                   behaviour_logprob_sum=-2.0, finish_reason="stop", max_response_tokens=8)
     assert row.response_ids == tuple(ids) and row.is_own and row.source_agent == "me"
     assert row.behaviour_token_count == row.learner_token_count == 5 and not row.truncated
+    per_token = [-0.1, -0.2, -0.3, -0.4, -1.0]
     short = own_row(prompt_id="p", sample_index=1, agent="me", prompt_ids=[1, 2], response_ids=ids, reward=1,
-                    behaviour_logprob_sum=-2.0, finish_reason=pb.STOP, max_response_tokens=3)
-    assert short.response_ids == (5, 6, eos) and short.truncated
-    assert short.behaviour_token_count == 5 and short.learner_token_count == 3
+                    behaviour_logprob_sum=-2.0, finish_reason=pb.STOP, max_response_tokens=3,
+                    behaviour_token_logprobs=per_token)
+    assert short.response_ids == (5, 6, eos) and short.truncated and not short.ends_with_eos
+    # both sums and both lengths cover the kept tokens only (the ratio of an unchanged policy is exactly 1)
+    assert short.behaviour_token_count == short.learner_token_count == 3
+    assert short.behaviour_logprob_sum == pytest.approx(-0.6)
+    with pytest.raises(ValueError, match="per-token behaviour log-probs"):
+        own_row(prompt_id="p", sample_index=1, agent="me", prompt_ids=[1, 2], response_ids=ids, reward=1,
+                behaviour_logprob_sum=-2.0, finish_reason=pb.STOP, max_response_tokens=3)
 
 
 def test_split_generated_cuts_at_first_eos_and_keeps_inner_pad():
@@ -177,3 +184,39 @@ def test_drift_stats():
     assert stats["retok/token_ratio_mean"] == pytest.approx((1.2 + 0.5 + 1.0) / 3)
     assert stats["retok/rows"] == 4.0 and "src/me/rows" not in stats
     assert drift_stats([_row("me", 5, 5, own=True)]) == {}
+
+
+@pytest.mark.parametrize("shared", ["4 + 8 = 12", " 4 + 8 = 12", "  \n4 + 8 = 12"])
+def test_foreign_text_follows_the_learner_templates_boundary(unigram, shared):
+    """A plain template (``…Answer:``) gets one separating space, a chat template none; the shared text's
+    own leading whitespace (an artifact of the source's template) never reaches the learner view."""
+    plain = foreign_row(unigram, (1,), make_rollout(shared), "src", 4096, separator=" ")
+    chat = foreign_row(unigram, (1,), make_rollout(shared), "src", 4096, separator="")
+    assert plain.response_ids[:-1] == tuple(unigram(" 4 + 8 = 12", add_special_tokens=False).input_ids)
+    assert chat.response_ids[:-1] == tuple(unigram("4 + 8 = 12", add_special_tokens=False).input_ids)
+    assert plain.content_bytes == chat.content_bytes == len("4 + 8 = 12")
+    as_shared = foreign_row(unigram, (1,), make_rollout(shared), "src", 4096)
+    assert as_shared.response_ids[:-1] == tuple(unigram(shared, add_special_tokens=False).input_ids)
+
+
+def test_response_separator_by_template(bpe, unigram):
+    from hacrl_fed.data.prompts import response_separator
+
+    assert response_separator(unigram, "plain") == " " and response_separator(bpe, "plain") == " "
+    for tok in (bpe, unigram):
+        expected = "" if getattr(tok, "chat_template", None) else " "
+        assert response_separator(tok, "auto") == expected
+    with pytest.raises(ValueError):
+        response_separator(bpe, "chatml")
+
+
+def test_source_eos_logprob_is_read_only_for_stop_rows(unigram):
+    stop = make_rollout("x = 1", lp=-4.5, count=4)
+    stop.behaviour_eos_logprob = -2.0
+    row = foreign_row(unigram, (1,), stop, "src", 4096)
+    assert row.behaviour_eos_logprob == -2.0 and row.ratio_excludes_eos
+    assert row.ratio_source == (-2.5, 3) and row.ratio_learner_tokens == row.learner_token_count - 1
+    length = make_rollout("x = 1", pb.LENGTH)
+    assert foreign_row(unigram, (1,), length, "src", 4096).behaviour_eos_logprob is None
+    cut = foreign_row(unigram, (1,), stop, "src", 2)                  # truncated: no EOS in the view
+    assert cut.truncated and not cut.ratio_excludes_eos

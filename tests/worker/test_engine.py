@@ -133,3 +133,22 @@ def test_stop_criterion_marks_only_rows_whose_tail_holds_a_stop_string(load_tiny
     ids = torch.tensor([prompt + r + [tok.pad_token_id] * (width - len(r)) for r in rows])
     done = _StopOnStrings(tok, ["\nQuestion:"], prompt_width=len(prompt))(ids, None)
     assert done.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_per_token_behaviour_logprobs_and_eos_logprob(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    eng, extra_eos = _with_extra_eos(lm, prompts)
+    samples = eng.generate(prompts, 2, Sampling(temperature=0.7, max_new_tokens=20), seed=3)
+    assert {s.finish_reason for s in samples} == {"stop", "length"}, "test needs both finish reasons"
+    for s in samples:
+        assert len(s.token_logprobs) == s.token_count == len(s.response_ids)
+        assert sum(s.token_logprobs) == pytest.approx(s.logprob_sum, abs=1e-6)
+        assert all(x <= 1e-6 for x in s.token_logprobs)
+        if s.finish_reason == "stop":
+            # the EOS term alone: Σ over the response minus Σ over the response without its EOS
+            body = _naive_logprob_sum(lm.model, s.prompt_ids, s.response_ids[:-1], 0.7)
+            assert s.eos_logprob == pytest.approx(s.logprob_sum - body, abs=1e-3)
+        else:
+            assert s.eos_logprob is None

@@ -158,3 +158,32 @@ def test_foreign_rollout_without_tokens_is_dropped_not_fatal(make_sites, plans):
                                           capabilities=make_table(plan, {"alice": 0.5, "bob": 0.5})))
     assert report.metrics["dropped_empty_rows"] == 1
     assert _per_source(report)["bob"]["rows"] == 5 and not report.rejected
+
+
+def test_published_eos_logprobs_and_truncated_foreign_rows(make_sites, plans):
+    """STOP rollouts carry the behaviour EOS log-prob apart; a foreign row the learner would have to cut at
+    its ``max_response_tokens`` is left out of training (no consistent ratio) and counted per source."""
+    make_plan, make_table = plans
+    sites = make_sites(KINDS)
+    alice, bob = sites.start("alice"), sites.start("bob")
+    plan = make_plan(1, max_new_tokens=24)
+    env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope
+    for env in (env_a, env_b):
+        for r in pb.RolloutBatch.FromString(env.payload).rollouts:
+            assert r.HasField("behaviour_eos_logprob") == (r.finish_reason == pb.STOP)
+            if r.finish_reason == pb.STOP:
+                assert r.behaviour_logprob_sum <= r.behaviour_eos_logprob <= 0.0
+    alice.trainer.max_response_tokens = 3          # every foreign view of bob's text is longer than 3 tokens
+    bob_rows = pb.RolloutBatch.FromString(env_b.payload).rollouts
+    long = sum(len(alice.tokenizer(" " + r.response_text.lstrip(), add_special_tokens=False).input_ids)
+               + (r.finish_reason == pb.STOP) > 3 for r in bob_rows)
+    assert long > 0
+    table = make_table(plan, {"alice": 0.5, "bob": 0.5}, corrections=_corrections(env_b, "bob"))
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, capabilities=table,
+                                          envelopes=[env_a, env_b]))
+    assert report.metrics["dropped_truncated_rows"] == long
+    src = _per_source(report)
+    assert src["bob"]["dropped_truncated"] == long
+    assert src.get("bob", {}).get("rows", 0.0) == len(bob_rows) - long
+    # own rows longer than the cap are kept, their behaviour sums re-summed over the kept prefix: s = 1
+    assert src["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
