@@ -1,187 +1,226 @@
-"""Collaboration benchmark: HACPO vs isolated GSPO vs GSPO×2 vs naive sharing, N seeds (ARCHITECTURE §7).
+"""Collaboration benchmark: which recipe makes two heterogeneous agents better, paired over seeds and problems.
 
-Every (recipe, seed) is one ``hacrl-fed simulate`` run (the production code path, as a subprocess)
-of the same two agents on the same data; all agents of a run use the recipe. Held-out accuracy
-(greedy avg@1, the same problems for every seed) is measured before and after training.
+Recipes (all agents of a cell use the same one; equal rollout budget per prompt and agent, G =
+``run.samples_per_prompt``; no KL term in any recipe):
 
-Equal rollout budget per prompt and agent (G = ``run.samples_per_prompt``):
+* ``gspo``               — isolated: each agent trains on its own G;
+* ``gspo_x2``            — isolated with 2G own rollouts (as many training rows as the sharing recipes);
+* ``naive``              — the pooled rollouts, foreign rows used as if they were own;
+* ``hacpo``              — the paper's HACPO (capability-aware advantages, ω, exponential IS, stepwise clip);
+* ``hacpo_cross_family`` — HACPO with the cross ratio per byte of text, verified peer successes below the
+  window kept at the edge weight and rows above it at weight 1 (README "Cross-family collaboration").
 
-* ``hacpo``   — each agent generates G, trains on its G and the peer's G (capability-aware, the paper);
-* ``naive``   — the same pool, foreign rows used as if they were own (no capability weighting);
-* ``gspo``    — isolated: each agent generates G and trains on its own G;
-* ``gspo_x2`` — isolated with 2G own rollouts: the same number of training rows as HACPO (the
-  ``gspo_x2`` preset: each agent generates 2G, trains on all of them and publishes the plan's G).
+Pairs (``--pair``): ``cross-family`` = ``examples/default.toml`` (SmolLM2-135M-Instruct + Gemma-3-270M);
+``same-family`` = ``examples/same_family.toml`` (SmolLM2-135M-Instruct + a SmolLM2 checkpoint trained a few
+steps further, the paper's heterogeneous-state setting; make the checkpoint first, see that file).
 
-The mini-batch size is the base config's, so HACPO, naive and GSPO×2 take the same number of
-optimizer updates per step. Seeds change the prompt sampler and the sampling seeds
-(``run.seed``, ``optim.seed``); the held-out problems stay the same. All recipes of one seed
-share the run id, from which the agents' sampling seeds derive.
+Each (recipe, seed) cell runs in one process through :mod:`inproc` (the production worker and coordinator
+code without the Flower transport; models loaded once, reset to their initial weights per cell). Evaluation:
+greedy avg@1 on the held-out split of the training distribution (``--eval-size`` problems, the same for every
+seed) and on the same problems in other words (:func:`hacrl_fed.data.arithmetic.reword`), reported apart.
+The "before" evaluation is shared by every cell (greedy decoding of the same weights).
 
-Measured run (``benchmarks/results/collab-5step-3seed/``, 1 h 44 min on 2 CPU cores: 410–565 s per
-run of 5 steps, ≈ 55–90 s per step)::
+Resumable: every finished cell is written to ``<out>/cells/<recipe>-s<seed>.json`` (commit them as they come)
+and skipped on the next run; cells run seed-major, so an interrupted benchmark leaves every recipe with the
+same seeds. ``--summary-only`` rebuilds ``results.md`` / ``results.json`` / ``collab.png`` from the cells.
 
-    python benchmarks/run_collab.py --seeds 3 --steps 5 --out benchmarks/results/collab-5step-3seed
-
-Without ``--steps`` a run has 20 steps: ≈ 5–6 hours for 3 seeds on 2 CPU cores.
-
-Plumbing check with the tiny local models (random weights, accuracy 0; ~2 min per run)::
-
-    python benchmarks/run_collab.py --tiny --seeds 1 --steps 2
-
-Writes ``benchmarks/results/collab-<time>/`` (or ``--out``): ``results.json``, ``results.md``,
-``collab.png``, the per-run configs, logs and per-step metrics (``metrics/<recipe>-s<N>.jsonl`` and
-``.report.md``), and the run directories ``runs/<recipe>/seed<N>/`` (git-ignored: exported models).
-Re-running with the same ``--out`` skips runs that already have a report (an interrupted run
-starts afresh).
+    python benchmarks/run_collab.py --out benchmarks/results/collab-10step        # cross-family, 3 seeds × 10 steps
+    python benchmarks/run_collab.py --pair same-family --out benchmarks/results/same-family-10step
+    python benchmarks/run_collab.py --tiny --seeds 1 --steps 2 --out /tmp/collab-tiny   # plumbing check
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import random
 import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ("hacpo", "gspo", "gspo_x2", "naive")
-LABELS = {"hacpo": "HACPO", "gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive": "naive sharing"}
-PHASES = ("load_models_s", "eval_before_s", "steps_s", "steps.worker_generate_s", "steps.worker_train_s", "eval_after_s",
-          "export_s", "total_s")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RECIPES = ("gspo", "gspo_x2", "naive", "hacpo", "hacpo_cross_family")
+LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive": "naive sharing",
+          "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family"}
+PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml"}
+EVAL_SETS = ("held_out", "words")
 
 
-def variant(base, recipe: str, seed: int):
-    """The SimulateConfig of one (recipe, seed) run."""
-    from hacrl_fed.algo.config import AlgoConfig
-
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; choose from {', '.join(RECIPES)}")
-    cfg = base.model_copy(deep=True)
-    cfg.run.seed = seed
-    for agent in cfg.agents:
-        agent.algo = AlgoConfig.preset(recipe, kl_coef=agent.algo.kl_coef)
-        agent.optim.seed = seed
-    return cfg
+def _acc(d: dict[str, bool]) -> float:
+    return sum(d.values()) / len(d) if d else float("nan")
 
 
-def run_one(cfg, recipe: str, seed: int, out: Path) -> dict:
-    """One ``hacrl-fed simulate`` subprocess; returns its report (plus wall time and exit code).
+def _step_summary(agent: str, step) -> dict:
+    rep = step.reports.get(agent, {"metrics": {}, "per_source": {}})
+    peers = {src: {k: m.get(k) for k in ("rows", "grad_frac", "s_mean", "s_min", "s_max", "clip_low", "clip_high",
+                                          "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")}
+             for src, m in rep["per_source"].items() if src != agent}
+    own = rep["per_source"].get(agent, {})
+    gen = step.generate_metrics.get(agent, {})
+    return {"step": step.step, "accuracy": step.accuracy.get(agent), "stop_frac": gen.get("stop_frac"),
+            "generate_s": step.generate_s.get(agent), "train_s": step.train_s.get(agent),
+            "own_grad_frac": own.get("grad_frac"), "updates": rep["metrics"].get("updates"),
+            "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers}
 
-    Every recipe's run of a seed has the same run id (``seed<N>``): the agents' sampling seeds
-    derive from it, so runs with the same G draw the same first-step samples.
+
+def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict) -> dict:
+    """One (recipe, seed) cell from the initial weights; returns its record."""
+    fed.reset(algo={"name": recipe, "kl_coef": 0.0}, optim={"seed": seed})
+    t0 = time.perf_counter()
+    results = fed.run(run_id=f"collab-s{seed}", steps=steps, seed=seed)
+    t1 = time.perf_counter()
+    after = {name: fed.evaluate(problems) for name, problems in eval_sets.items()}
+    t2 = time.perf_counter()
+    agents = sorted(fed.workers)
+    return {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
+            "after": {a: {name: after[name][a] for name in eval_sets} for a in agents},
+            "per_step": {a: [_step_summary(a, s) for s in results] for a in agents}}
+
+
+def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str, *,
+                    reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean and 95 % bootstrap interval of accuracy(a) − accuracy(b), paired by seed and problem.
+
+    Seeds present in both and problems present in both are paired; the bootstrap resamples seeds, then
+    problems (two-level), so both the training randomness and the problem sample count. Returns
+    ``(mean, low, high)`` in accuracy units (nan when nothing pairs).
     """
-    import tomli_w
-
-    name, run_dir = f"{recipe}-s{seed}", out / "runs" / recipe / f"seed{seed}"
-    if (run_dir / "report.json").exists():
-        print(f"[{name}] already done: {run_dir}", flush=True)
-        return json.loads((run_dir / "report.json").read_text()) | {"wall_s": None, "exit_code": 0}
-    if run_dir.exists():  # an interrupted earlier attempt: start that run afresh
-        import shutil
-
-        shutil.rmtree(run_dir)
-    (out / "configs").mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    config = out / "configs" / f"{name}.toml"
-    config.write_text(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)), encoding="utf-8")
-    argv = [sys.executable, "-m", "hacrl_fed.cli", "simulate", "--config", str(config), "--output-dir",
-            str(run_dir.parent), "--run-name", run_dir.name, "--no-progress"]
-    print(f"[{name}] {' '.join(argv[1:])}", flush=True)
-    t0 = time.monotonic()
-    with open(out / "logs" / f"{name}.log", "w", encoding="utf-8") as log:
-        code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False,
-                              env=dict(os.environ, COLUMNS="160")).returncode
-    wall = time.monotonic() - t0
-    if code != 0 or not (run_dir / "report.json").exists():
-        print(f"[{name}] FAILED (exit code {code}); see {out / 'logs' / f'{name}.log'}", flush=True)
-        return {"agents": {}, "phases": {}, "wall_s": wall, "exit_code": code}
-    report = json.loads((run_dir / "report.json").read_text())
-    (out / "metrics").mkdir(exist_ok=True)  # the small per-step record, kept beside the results (runs/ is ignored)
-    for src, suffix in (("metrics.jsonl", ".jsonl"), ("report.md", ".report.md")):
-        (out / "metrics" / f"{name}{suffix}").write_bytes((run_dir / src).read_bytes())
-    accs = ", ".join(f"{n} {a['accuracy_before']:.3f}→{a['accuracy_after']:.3f}" for n, a in report["agents"].items()
-                     if a["accuracy_before"] is not None and a["accuracy_after"] is not None)
-    print(f"[{name}] {wall:.0f} s: {accs}", flush=True)
-    return report | {"wall_s": wall, "exit_code": code}
+    by_a = {c["seed"]: c["after"][agent][eval_set] for c in cells_a}
+    by_b = {c["seed"]: c["after"][agent][eval_set] for c in cells_b}
+    seeds = sorted(set(by_a) & set(by_b))
+    if not seeds:
+        return float("nan"), float("nan"), float("nan")
+    problems = sorted(set.intersection(*(set(by_a[s]) & set(by_b[s]) for s in seeds)))
+    diff = {s: [float(by_a[s][p]) - float(by_b[s][p]) for p in problems] for s in seeds}
+    mean = statistics.fmean(x for s in seeds for x in diff[s])
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(reps):
+        ss = [rng.choice(seeds) for _ in seeds]
+        idx = [rng.randrange(len(problems)) for _ in problems]
+        boots.append(statistics.fmean(diff[s][i] for s in ss for i in idx))
+    boots.sort()
+    return mean, boots[int(0.025 * reps)], boots[int(0.975 * reps) - 1]
 
 
-def _stat(xs: list[float]) -> dict[str, float | int | None]:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
-
-
-def aggregate(runs: dict[str, dict[int, dict]]) -> dict:
-    """Per recipe and agent: before/after/Δ over seeds (mean, std, n); per recipe: mean seconds per phase."""
-    out: dict[str, dict] = {}
-    for recipe, by_seed in runs.items():
-        agents = sorted({n for r in by_seed.values() for n in r.get("agents", {})})
-        per_agent = {}
-        for n in agents:
-            rows = [r["agents"][n] for r in by_seed.values() if n in r.get("agents", {})]
-            per_agent[n] = {k: _stat([a[f"accuracy_{k}"] for a in rows]) for k in ("before", "after", "delta")}
-        phases = {p: _stat([r["phases"].get(p) for r in by_seed.values()])["mean"] for p in PHASES}
-        out[recipe] = {"agents": per_agent, "phases": phases,
-                       "failed_seeds": [s for s, r in by_seed.items() if r.get("exit_code")]}
-    return out
+def summarize(out: Path) -> dict:
+    before = json.loads((out / "before.json").read_text())
+    cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    meta = json.loads((out / "meta.json").read_text())
+    agents = sorted(before["agents"])
+    recipes = [r for r in RECIPES if any(c["recipe"] == r for c in cells)]
+    by = {r: sorted((c for c in cells if c["recipe"] == r), key=lambda c: c["seed"]) for r in recipes}
+    summary: dict = {"meta": meta, "before": {a: {e: _acc(before["agents"][a][e]) for e in EVAL_SETS} for a in agents},
+                     "recipes": {}}
+    for r in recipes:
+        rec: dict = {"seeds": [c["seed"] for c in by[r]], "agents": {}}
+        for a in agents:
+            ag: dict = {}
+            for e in EVAL_SETS:
+                xs = [_acc(c["after"][a][e]) for c in by[r]]
+                ag[e] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+                         "n": len(xs), "per_seed": xs}
+                if r != "gspo" and "gspo" in by:
+                    ag[e]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e)
+            peers = [v for c in by[r] for s in c["per_step"][a] for v in s["peers"].values()]
+            ag["peer_grad_frac"] = statistics.fmean(p["grad_frac"] for p in peers if p.get("grad_frac") is not None) \
+                if any(p.get("grad_frac") is not None for p in peers) else None
+            pos = sum(p.get("pos_adv_rows") or 0 for p in peers)
+            ag["peer_success_grad_frac"] = (sum(p.get("pos_adv_grad_rows") or 0 for p in peers) / pos) if pos else None
+            ag["grad_frac_per_step"] = [
+                statistics.fmean(v["grad_frac"] for c in by[r] for v in c["per_step"][a][i]["peers"].values()
+                                 if v.get("grad_frac") is not None)
+                if any(v.get("grad_frac") is not None for c in by[r] for v in c["per_step"][a][i]["peers"].values())
+                else None for i in range(min(len(c["per_step"][a]) for c in by[r]))]
+            ag["generate_s_per_step"] = statistics.fmean(s["generate_s"] for c in by[r] for s in c["per_step"][a])
+            ag["train_s_per_step"] = statistics.fmean(s["train_s"] or 0.0 for c in by[r] for s in c["per_step"][a])
+            rec["agents"][a] = ag
+        rec["cell_s"] = statistics.fmean(c["train_s"] + c["eval_s"] for c in by[r])
+        summary["recipes"][r] = rec
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(render_markdown(summary, agents))
+    try:
+        plot(summary, agents, out / "collab.png")
+    except ImportError:
+        pass
+    return summary
 
 
 def _pm(s: dict) -> str:
-    if s["mean"] is None:
-        return "-"
     return f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f}" if s["n"] > 1 else f"{100 * s['mean']:.1f}"
 
 
-def render_markdown(summary: dict, command: str, meta: dict) -> str:
-    agents = sorted({n for r in summary.values() for n in r["agents"]})
-    setup = (f"{meta['seeds']} seed(s), {meta['steps']} steps, B = {meta['prompts_per_step']}, "
-             f"G = {meta['samples_per_prompt']}, held-out problems: {meta['eval_size']} (greedy avg@1, %, mean ± std "
-             f"over seeds).")
-    lines = ["# Collaboration benchmark", "", f"Command: `{command}`", "", setup, "",
-             "| recipe | " + " | ".join(f"{n} before | {n} after | {n} Δ" for n in agents) + " | failed seeds |",
-             "|---|" + "---|---|---|" * len(agents) + "---|"]
-    for recipe, r in summary.items():
+def _ci(t) -> str:
+    if t is None:
+        return "—"
+    m, lo, hi = t
+    return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def render_markdown(summary: dict, agents: list[str]) -> str:
+    meta = summary["meta"]
+    lines = ["# Collaboration benchmark", "", f"Command: `{meta['command']}`", "",
+             f"Pair: {meta['pair']} ({', '.join(f'{a} = {m}' for a, m in meta['models'].items())}); "
+             f"{meta['steps']} steps of B = {meta['prompts_per_step']} prompts × G = {meta['samples_per_prompt']}; "
+             f"held-out: {meta['eval_size']} problems of the training distribution and the same problems in other "
+             "words; greedy avg@1, %, mean ± std over seeds; Δ vs GSPO: mean [95 % interval], paired by seed and "
+             "problem (two-level bootstrap).", ""]
+    for e, title in (("held_out", "Held-out split (training wording)"), ("words", "Other wording")):
+        lines += [f"## {title}", "",
+                  "| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
+                  "|---|---|" + "---|---|" * len(agents)]
+        lines.append("| before training | – | " + " | ".join(
+            f"{100 * summary['before'][a][e]:.1f} | " for a in agents) + " |")
+        for r, rec in summary["recipes"].items():
+            cells = []
+            for a in agents:
+                s = rec["agents"][a][e]
+                cells += [_pm(s), _ci(s.get("vs_gspo"))]
+            lines.append(f"| {LABELS.get(r, r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Peer rows that reached the gradient", "",
+              "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",
+              "|---|" + "---|" * len(agents)]
+    for r, rec in summary["recipes"].items():
         cells = []
-        for n in agents:
-            a = r["agents"].get(n)
-            cells += [_pm(a["before"]), _pm(a["after"]), _pm(a["delta"])] if a else ["-", "-", "-"]
-        lines.append(f"| {LABELS.get(recipe, recipe)} | " + " | ".join(cells) + f" | {r['failed_seeds'] or '-'} |")
-    lines += ["", "Mean seconds per phase:", "", "| recipe | " + " | ".join(PHASES) + " |",
-              "|---|" + "---|" * len(PHASES)]
-    for recipe, r in summary.items():
-        lines.append(f"| {LABELS.get(recipe, recipe)} | "
-                     + " | ".join("-" if r["phases"].get(p) is None else f"{r['phases'][p]:.0f}" for p in PHASES) + " |")
+        for a in agents:
+            g, ps = rec["agents"][a]["peer_grad_frac"], rec["agents"][a]["peer_success_grad_frac"]
+            cells.append("–" if g is None else f"{100 * g:.0f} % / " + ("–" if ps is None else f"{100 * ps:.0f} %"))
+        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(cells) + " |")
+    lines += ["", "## Time (seconds)", "", "| recipe | " + " | ".join(f"{a} generate / train per step" for a in agents)
+              + " | per cell (steps + evaluation) |", "|---|" + "---|" * (len(agents) + 1)]
+    for r, rec in summary["recipes"].items():
+        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(
+            f"{rec['agents'][a]['generate_s_per_step']:.0f} / {rec['agents'][a]['train_s_per_step']:.0f}"
+            for a in agents) + f" | {rec['cell_s']:.0f} |")
     lines += ["", "![after-training accuracy](collab.png)", ""]
     return "\n".join(lines)
 
 
-def plot(summary: dict, path: Path) -> None:
+def plot(summary: dict, agents: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recipes = list(summary)
-    agents = sorted({n for r in summary.values() for n in r["agents"]})
-    fig, ax = plt.subplots(figsize=(2.5 + 2 * len(recipes), 4))
+    recipes = list(summary["recipes"])
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(recipes), 4), sharey=True)
     width = 0.8 / max(1, len(agents))
-    for i, n in enumerate(agents):
-        xs = [k + i * width for k in range(len(recipes))]
-        stats = [summary[r]["agents"].get(n, {}).get("after", {"mean": None, "std": None}) for r in recipes]
-        ax.bar(xs, [s["mean"] or 0.0 for s in stats], width, yerr=[s["std"] or 0.0 for s in stats], capsize=3,
-               label=f"{n} after")
-        before = [summary[r]["agents"].get(n, {}).get("before", {"mean": None})["mean"] for r in recipes]
-        ax.scatter(xs, [b if b is not None else float("nan") for b in before], marker="_", s=300, color="black",
-                   zorder=3, label="before training" if i == 0 else None)
-    ax.set_xticks([k + width * (len(agents) - 1) / 2 for k in range(len(recipes))], [LABELS.get(r, r) for r in recipes])
-    ax.set_ylabel("held-out accuracy (greedy avg@1)")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    for ax, (e, title) in zip(axes, (("held_out", "held-out (training wording)"), ("words", "other wording"))):
+        for i, a in enumerate(agents):
+            xs = [k + i * width for k in range(len(recipes))]
+            st = [summary["recipes"][r]["agents"][a][e] for r in recipes]
+            ax.bar(xs, [s["mean"] for s in st], width, yerr=[s["std"] for s in st], capsize=3, label=a)
+            ax.axhline(summary["before"][a][e], color=f"C{i}", ls="--", lw=1)
+        ax.set_xticks([k + width * (len(agents) - 1) / 2 for k in range(len(recipes))],
+                      [LABELS.get(r, r) for r in recipes], rotation=20, ha="right", fontsize=8)
+        ax.set_title(title + " (dashed: before)")
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("greedy avg@1")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -189,44 +228,70 @@ def plot(summary: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="base simulate config (default examples/default.toml; "
-                        "with --tiny examples/tiny.toml)")
-    parser.add_argument("--tiny", action="store_true", help="tiny local models: a plumbing check, not a result")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated subset of {','.join(RECIPES)}")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="cross-family")
+    parser.add_argument("--tiny", action="store_true", help="same as --pair tiny: a plumbing check, not a result")
+    parser.add_argument("--config", type=Path, help="base simulate config (overrides --pair)")
+    parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, help="override run.steps (default: 20; --tiny: the tiny config's)")
-    parser.add_argument("--eval-size", type=int, help="override run.data.eval_size")
-    parser.add_argument("--out", type=Path, help="results directory (default benchmarks/results/collab-<time>)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args(argv)
+    out = args.out.resolve()
+    if args.summary_only:
+        summarize(out)
+        print((out / "results.md").read_text())
+        return 0
 
     from hacrl_fed.config import SimulateConfig, load_config
+    from hacrl_fed.data.arithmetic import reword
+    from inproc import Federation
 
-    base = load_config(args.config or ROOT / "examples" / ("tiny.toml" if args.tiny else "default.toml"), SimulateConfig)
-    if args.steps or not args.tiny:
-        base.run.steps = args.steps or 20
-    if args.eval_size:
-        base.run.data.eval_size = args.eval_size
+    pair = "tiny" if args.tiny else args.pair
+    cfg = load_config(args.config or ROOT / "examples" / PAIRS[pair], SimulateConfig)
+    cfg.run.data.eval_size = args.eval_size
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    out = (args.out or ROOT / "benchmarks" / "results" / f"collab-{datetime.now():%Y%m%d-%H%M%S}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    runs: dict[str, dict[int, dict]] = {r: {} for r in recipes}
-    for s in range(args.seeds):  # seed-major: an interrupted benchmark leaves every recipe with the same seeds
-        for r in recipes:
-            runs[r][s] = run_one(variant(base, r, s), r, s, out)
-    summary = aggregate(runs)
-    meta = {"seeds": args.seeds, "steps": base.run.steps, "prompts_per_step": base.run.prompts_per_step,
-            "samples_per_prompt": base.run.samples_per_prompt, "eval_size": base.run.data.eval_size,
-            "models": {a.name: a.model.name_or_path for a in base.agents}, "wall_s": time.monotonic() - t0}
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        parser.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
+    (out / "cells").mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/run_collab.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    keep = ("run_dir", "exit_code", "wall_s", "agents", "phases")
-    per_run = {r: {str(s): {k: v.get(k) for k in keep} for s, v in by.items()} for r, by in runs.items()}
-    (out / "results.json").write_text(json.dumps({"command": command, "meta": meta, "summary": summary,
-                                                  "runs": per_run}, indent=1), encoding="utf-8")
-    (out / "results.md").write_text(render_markdown(summary, command.strip(), meta), encoding="utf-8")
-    plot(summary, out / "collab.png")
-    print(f"results: {out / 'results.md'} ({meta['wall_s']:.0f} s)")
-    return 1 if any(r["failed_seeds"] for r in summary.values()) else 0
+    meta = {"command": command, "pair": pair, "steps": args.steps, "seeds": args.seeds,
+            "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
+            "eval_size": args.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
+            "config": str(args.config or Path("examples") / PAIRS[pair])}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    fed = Federation(cfg)
+    try:
+        eval_sets = {"held_out": list(fed.held_out)}
+        try:
+            eval_sets["words"] = [reword(p) for p in fed.held_out]
+        except ValueError:
+            pass
+        before_path = out / "before.json"
+        if not before_path.exists():
+            t = time.perf_counter()
+            res = {name: fed.evaluate(problems) for name, problems in eval_sets.items()}
+            before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.workers},
+                      "eval_s": time.perf_counter() - t, "load_s": fed.load_s}
+            before_path.write_text(json.dumps(before, indent=1))
+        for seed in range(args.seeds):
+            for recipe in recipes:
+                cell = out / "cells" / f"{recipe}-s{seed}.json"
+                if cell.exists():
+                    print(f"[{recipe} s{seed}] done already", flush=True)
+                    continue
+                rec = run_cell(fed, recipe, seed, args.steps, eval_sets)
+                cell.write_text(json.dumps(rec, indent=1))
+                accs = ", ".join(f"{a} {100 * _acc(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
+                print(f"[{recipe} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)
+                summarize(out)
+    finally:
+        fed.close()
+    summarize(out)
+    print((out / "results.md").read_text())
+    return 0
 
 
 if __name__ == "__main__":

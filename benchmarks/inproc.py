@@ -1,0 +1,200 @@
+"""In-process federation driver for benchmarks: the production worker and coordinator code, no transport.
+
+Every agent is a :class:`hacrl_fed.worker.agent.AgentWorker` (rollout engine, verifier, signing,
+trainer, HACPO update) in this one process; every step runs the coordinator's own pure functions
+(``build_round_plan`` → ``validate_envelope`` → ``reverify`` → capability window →
+``capability_table``) and hands the signed pool to every worker's ``train``, exactly what
+``hacrl-fed simulate`` does through Flower — minus the SuperLink, the SuperNodes, the per-message
+ClientApp processes and the model reloads. Models are loaded once; :meth:`Federation.reset` puts
+every agent back to its initial weights and a fresh optimizer, so many (recipe, seed) cells share
+one load and one "before" evaluation (greedy decoding of the same weights gives the same answers).
+
+Used by ``benchmarks/run_collab.py`` and ``benchmarks/ablate_stability.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl_fed.algo.capability import CapabilityTracker
+from hacrl_fed.config import AgentConfig, SimulateConfig
+from hacrl_fed.data.datasets import load_problems
+from hacrl_fed.data.sampler import PromptSampler
+from hacrl_fed.federation.coordinator import build_round_plan, capability_table, reverify, step_seed
+from hacrl_fed.federation.keys import Roster, generate_identity, update_roster
+from hacrl_fed.federation.validation import BatchRejected, validate_envelope
+from hacrl_fed.reward import Verifier
+from hacrl_fed.v1 import rollout_pb2 as pb
+from hacrl_fed.v1 import worker_pb2 as wpb
+
+
+@dataclass
+class StepResult:
+    step: int
+    accuracy: dict[str, float]
+    """Coordinator-verified mean reward of each agent's rollouts at this step (P_t)."""
+    reports: dict[str, dict[str, Any]]
+    """Per agent: TrainReport metrics and per-source metrics."""
+    generate_s: dict[str, float]
+    train_s: dict[str, float]
+    rejected: dict[str, str] = field(default_factory=dict)
+    generate_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def _report_dict(report: pb.TrainReport) -> dict[str, Any]:
+    return {"metrics": dict(report.metrics),
+            "per_source": {s.source_agent: dict(s.metrics) for s in report.per_source},
+            "rejected": list(report.rejected)}
+
+
+class Federation:
+    """All agents of a simulate config in one process.
+
+    Args:
+        cfg: the simulate config (agents, run, verifier); ``agents[i].private_key``/``roster`` are generated.
+        workdir: keys and checkpoints (default: a temporary directory).
+        threads: torch intra-op threads (the agents take turns, so each phase may use every core).
+    """
+
+    def __init__(self, cfg: SimulateConfig, *, workdir: str | Path | None = None, threads: int | None = None) -> None:
+        from hacrl_fed.worker.agent import AgentWorker
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.cfg = cfg
+        self._tmp = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="hacrl-inproc-")
+            workdir = self._tmp.name
+        self.workdir = Path(workdir)
+        roster_path = self.workdir / "roster.toml"
+        self.verifier = Verifier.from_config(cfg.verifier).start()
+        self.workers: dict[str, AgentWorker] = {}
+        self.agent_cfgs: dict[str, AgentConfig] = {}
+        for agent in cfg.agents:
+            ident = generate_identity(agent.name, self.workdir / "keys", force=True)
+            update_roster(roster_path, agent.name, ident.ed25519)
+        self.roster = Roster.load(roster_path)
+        t0 = time.perf_counter()
+        self.load_s: dict[str, float] = {}
+        for agent in cfg.agents:
+            a = agent.model_copy(deep=True)
+            a.private_key = str(self.workdir / "keys" / f"{agent.name}.ed25519.key")
+            a.roster = str(roster_path)
+            a.checkpoint_dir = str(self.workdir / agent.name / "checkpoints")
+            t = time.perf_counter()
+            self.workers[a.name] = AgentWorker(a, resume=False, verifier=self.verifier)
+            self.load_s[a.name] = time.perf_counter() - t
+            self.agent_cfgs[a.name] = a
+        self.initial = {n: copy.deepcopy(w.model.state_dict()) for n, w in self.workers.items()}
+        self.total_load_s = time.perf_counter() - t0
+        self.train_problems, self.held_out = load_problems(cfg.run.data)
+
+    # ------------------------------------------------------------------ set-up of one cell
+
+    def reset(self, *, algo: dict[str, Any] | None = None, optim: dict[str, Any] | None = None,
+              per_agent: dict[str, dict[str, Any]] | None = None, train_embeddings: bool | None = None) -> None:
+        """Initial weights, a fresh optimizer and step 0 for every agent; ``algo``/``optim`` override fields
+        for every agent (``per_agent[name] = {"algo": {...}, "optim": {...}}`` for one agent);
+        ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only)."""
+        from hacrl_fed.algo.config import AlgoConfig
+        from hacrl_fed.algo.update import make_optimizer
+        from hacrl_fed.config import OptimConfig
+
+        for name, w in self.workers.items():
+            base = self.agent_cfgs[name]
+            a_over = dict(algo or {}) | (per_agent or {}).get(name, {}).get("algo", {})
+            o_over = dict(optim or {}) | (per_agent or {}).get(name, {}).get("optim", {})
+            algo_cfg = (AlgoConfig(**a_over) if "name" in a_over
+                        else AlgoConfig(**(base.algo.model_dump() | a_over)))
+            optim_cfg = OptimConfig(**(base.optim.model_dump() | o_over))
+            w.model.load_state_dict(self.initial[name])
+            emb = base.model.train_embeddings if train_embeddings is None else train_embeddings
+            if not self.workers[name].loaded.is_lora:
+                for module in (w.model.get_input_embeddings(), w.model.get_output_embeddings()):
+                    for p in module.parameters():
+                        p.requires_grad_(emb)
+            w.cfg = base.model_copy(update={"algo": algo_cfg, "optim": optim_cfg})
+            t = w.trainer
+            t.algo, t.optim = algo_cfg, optim_cfg
+            torch.manual_seed(optim_cfg.seed)
+            t.optimizer = make_optimizer(w.model, optim_cfg)
+            t.pending, t.step, t.run_id, t.capability = None, 0, "", b""
+            w._fingerprint = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, *, run_id: str, steps: int, seed: int, agents: Sequence[str] | None = None,
+            on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+        """``steps`` federation steps from the current weights (call :meth:`reset` first)."""
+        run = self.cfg.run
+        names = list(agents or self.workers)
+        sampler = PromptSampler(self.train_problems, run.prompts_per_step, seed=seed)
+        tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
+        out = []
+        for step in range(1, steps + 1):
+            plan = build_round_plan(run_id=run_id, step=step, problems=sampler.next_batch(),
+                                    samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=seed,
+                                    deadline_unix_s=time.time() + 3600)
+            envelopes, gen_s, rejected, gen_m = {}, {}, {}, {}
+            for n in names:
+                t = time.perf_counter()
+                resp = self.workers[n].generate(plan)
+                envelopes[n] = resp.envelope.SerializeToString()
+                gen_m[n] = dict(resp.metrics)
+                gen_s[n] = time.perf_counter() - t
+            accepted = []
+            for n, raw in envelopes.items():
+                try:
+                    accepted.append(validate_envelope(raw, self.roster, plan, expected_agent=n,
+                                                      max_bytes=run.max_batch_bytes))
+                except BatchRejected as err:
+                    rejected[n] = str(err)
+            verdicts = reverify(self.verifier.verify, accepted, plan)
+            accuracy = {a: v.accuracy for a, v in verdicts.items()}
+            tracker.update(accuracy)
+            corrections = [c for v in verdicts.values() for c in v.corrections]
+            table = capability_table(tracker, plan, accuracy, corrections)
+            pool = [pb.SignedEnvelope.FromString(item.envelope) for item in accepted]
+            reports, train_s = {}, {}
+            for item in accepted:
+                t = time.perf_counter()
+                req = wpb.TrainRequest(run_id=run_id, step=step, envelopes=pool, capabilities=table, plan=plan)
+                reports[item.agent] = _report_dict(self.workers[item.agent].train(req))
+                train_s[item.agent] = time.perf_counter() - t
+            result = StepResult(step, accuracy, reports, gen_s, train_s, rejected, gen_m)
+            out.append(result)
+            if on_step:
+                on_step(result)
+        return out
+
+    def evaluate(self, problems: Sequence[Any], *, max_new_tokens: int | None = None,
+                 agents: Sequence[str] | None = None) -> dict[str, dict[str, bool]]:
+        """Greedy avg@1 per problem: agent → {problem id: correct}."""
+        run = self.cfg.run
+        req = wpb.EvaluateRequest(
+            prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
+                                   answer_style=p.answer_style or "boxed") for p in problems],
+            samples=1, sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
+                                                  max_new_tokens=max_new_tokens or run.sampling.max_new_tokens,
+                                                  seed=step_seed(run.seed, -1)))
+        out = {}
+        for n in agents or self.workers:
+            resp = self.workers[n].evaluate(req)
+            out[n] = {r.prompt_id: r.correct > 0 for r in resp.results}
+        return out
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+        self.verifier.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
