@@ -115,6 +115,34 @@ def test_restated_symbolic_problem_is_incorrect(verifier):
     assert out[0].reason == "restates_problem"
 
 
+def test_formatted_answers_are_credited(verifier):
+    responses = [r"\boxed{\text{12}}", r"\boxed{\textbf{12}}", r"\boxed{\mathrm{ 12 }}", r"\boxed{\mathbf{12}}",
+                 r"\boxed{\text{12 apples}}", r"\boxed{\textbf{\text{12}}}", "The answer is \\textbf{12} dollars.",
+                 r"\boxed{\textbf{13}}", r"\boxed{\text{twelve}}"]
+    assert kinds(verifier.verify(responses, ["12"] * 9)) == ["correct"] * 7 + ["incorrect"] * 2
+    # a formatted reference; an AIME-style bold answer in parentheses
+    out = verifier.verify([r"\boxed{12}", r"\boxed{\textbf{(113)}}"], [r"\textbf{12}", "113"])
+    assert kinds(out) == ["correct", "correct"]
+
+
+def test_self_corrected_answer_is_judged_by_its_last_value(verifier):
+    responses = ["The answer is 5, no wait, it is 7.", "The answer is 5. Actually, the answer is 7.",
+                 "\\boxed{5}. Sorry, I mean 7.", r"\boxed{\textbf{5}} so finally \boxed{\textbf{7}}",
+                 "The answer is 5. I made a mistake: it is 7."]
+    assert kinds(verifier.verify(responses, ["7"] * 5)) == ["correct"] * 5
+    assert kinds(verifier.verify(responses, ["5"] * 5)) == ["incorrect"] * 5
+
+
+def test_mentioning_the_reference_is_not_stating_it(verifier):
+    responses = ["The answer is 5. Wait, 7 apples were eaten.", "The answer is 5, not 7.",
+                 "The answer is 5. No, 7 is wrong.", "Wait, it is 7. So the answer is 5.",
+                 r"\boxed{5}. Note: \text{7} was a distractor.", r"The answer is \textbf{5}, since \text{7 apples} is too many.",
+                 "The answer is 5. Actually, 7 people came."]
+    n = len(responses)
+    assert kinds(verifier.verify(responses, ["7"] * n)) == ["incorrect"] * n
+    assert kinds(verifier.verify(responses, ["5"] * n)) == ["correct"] * n  # each one states 5
+
+
 # --- tri-state, threads, styles ----------------------------------------------------------------------
 
 def test_tri_state_and_rewards(verifier):
