@@ -1,6 +1,7 @@
 """Verifiable rewards: final-answer extraction + math-verify in a killable process pool, tri-state.
 
-Public API: :class:`Verifier` (``verify(responses, references, styles)`` → :class:`Verdict`),
+Public API: :class:`Verifier` (``verify(responses, references, styles)`` → :class:`VerdictList` of
+:class:`Verdict`, with the call's ``timeouts``/``retried`` counts; per-item limit in CPU seconds),
 :func:`check_answer` (one item, in-process, no timeout), :func:`extract_final_answer`,
 :class:`AccuracyReward` / :data:`accuracy_reward` (TRL reward-function API).
 """
@@ -8,7 +9,7 @@ Public API: :class:`Verifier` (``verify(responses, references, styles)`` → :cl
 from hacrl_fed.reward.compare import check_answer
 from hacrl_fed.reward.extract import ANSWER_STYLES, Extraction, extract_final_answer, reference_answer
 from hacrl_fed.reward.verdict import VERDICT_PROTO_NAMES, Verdict
-from hacrl_fed.reward.verifier import AccuracyReward, Verifier, accuracy_reward
+from hacrl_fed.reward.verifier import AccuracyReward, VerdictList, Verifier, accuracy_reward
 
 __all__ = [
     "ANSWER_STYLES",
@@ -16,6 +17,7 @@ __all__ = [
     "AccuracyReward",
     "Extraction",
     "Verdict",
+    "VerdictList",
     "Verifier",
     "accuracy_reward",
     "check_answer",

@@ -15,6 +15,22 @@ source                  example                                      ``boxed``  
 ======================  ===========================================  ==========  ==========
 
 Only the *last* ``\\boxed`` counts; if it is unclosed (a truncated response) there is no answer.
+
+Two rules apply on top of the table:
+
+* **text formatting** — a number wrapped in a formatting command (``\\text{12}``,
+  ``\\textbf{12}``, ``\\mathrm{ 12 }``, ``\\mathbf``, ``\\mbox``, ``\\emph``, nested ones, also
+  inside ``\\boxed``) is the number: the command is removed, words after the number are kept as a
+  unit (``\\text{12 apples}`` → ``12 \\text{apples}``). Formatting around an answer marker
+  (``\\textbf{Final Answer:}``) is removed too. Formatting around words only (``\\text{ cm}``,
+  ``\\text{(C)}``) is left for math-verify. See :func:`strip_formatting`.
+* **self-correction** — a correction stated *after* the answer replaces it (source
+  ``correction``): ``The answer is 5, no wait, it is 7.`` → ``7``; also after a ``\\boxed``
+  answer. A correction is a cue (``wait``, ``no,``, ``sorry``, ``actually``, ``oops``, ``or
+  rather``, ``I mean`` …), optionally ``it is`` / ``I mean`` / ``the answer is`` …, then the new
+  value ending its sentence (a unit word or ``, not 5`` may follow). A number merely mentioned
+  after a cue (``Wait, 7 apples were eaten``, ``No, 7 is wrong``) is not a correction, and a
+  correction never counts before the answer it would correct. See :func:`find_corrections`.
 """
 
 from __future__ import annotations
@@ -31,11 +47,13 @@ __all__ = [
     "AnswerStyle",
     "Extraction",
     "extract_final_answer",
+    "find_corrections",
     "is_numeric_literal",
     "last_boxed",
     "max_nesting",
     "normalize_latex",
     "reference_answer",
+    "strip_formatting",
 ]
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -51,13 +69,51 @@ _SENTENCE_END_RE = re.compile(r"(?<!\\)[.!?](?=\s|$)|\n")
 # Prose after a math answer: a word of 2+ letters not preceded by a backslash (LaTeX command),
 # except the list connectors "and"/"or" that join multi-part answers ("1331 and 1728").
 _PROSE_RE = re.compile(r"\s+(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)")
+_OPENS_WITH_WORD_RE = re.compile(r"\s*(?:\*\*)?\s*[A-Za-z]{2,}\b")
+_LEADING_WORD_RE = re.compile(r"\s*(?!(?:and|or)\b)[A-Za-z]{2,}\b")
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)"), ("**", "**"))
+
+# Text-formatting commands whose argument is shown as is (\text{12} is 12); \textcolor{red}{12} too.
+_FORMAT_CMD_RE = re.compile(
+    r"\\(?:text(?:bf|it|rm|sf|tt|up|sl|sc|md|normal)?|math(?:rm|bf|it|sf|tt|normal|bfit)|mbox|hbox|emph"
+    r"|boldsymbol|bm|pmb|underline|textcolor\s*\{[^{}]*\})\s*\{"
+)
+_BRACE_OR_ESCAPE_RE = re.compile(r"[\\{}]")
+_LATEX_SPACE_RE = re.compile(r"\\[,;: ]|~|\\q?quad(?![A-Za-z])")
+_MAX_FORMAT_DEPTH = 16  # deeper formatting is left as is (keeps strip_formatting linear)
+_MAX_FORMAT_CHARS = 200  # a formatted answer is short; longer formatted text is left as is
+
+# Self-correction: a cue, optionally a restating phrase, then the new value (see find_corrections).
+_CUE = (r"(?:no\s+wait|wait|oops|sorry|actually|correction|scratch\s+that|or\s+rather|make\s+that|nope"
+        r"|i\s+made\s+an?\s+(?:mistake|error)|my\s+(?:mistake|bad)|i\s+was\s+wrong"
+        r"|that(?:['’]s|\s+is|\s+was)\s+(?:wrong|incorrect)|let\s+me\s+correct\s+(?:that|myself)"
+        r"|no(?=\s*[,.;:!]))")
+_RESTATE = (r"(?:i\s+mean(?:t)?|it\s+is|it['’]s|that['’]s|that\s+is|it\s+(?:should|must)\s+be|should\s+be"
+            r"|it\s+was|make\s+(?:it|that)|the\s+(?:correct\s+|right\s+|real\s+|actual\s+|final\s+)?"
+            r"(?:answer|result|total)\s+(?:is|should\s+be|was))")
+_CORRECTION_RE = re.compile(
+    rf"(?<![A-Za-z'’])(?:{_CUE}(?![A-Za-z'’])[\s,.;:!\-–—]*)+(?P<restate>{_RESTATE}(?![A-Za-z'’])\s*:?[ \t]*)?"
+    rf"|(?<![A-Za-z'’])(?P<mean>i\s+mean(?:t)?)(?![A-Za-z'’])[\s,:]*",
+    re.IGNORECASE,
+)
+_CORRECTION_WINDOW = 300  # a corrected value lies within this many characters of its cue
+# After the new value: ", not 5" / "instead of 5" / "rather than 5" (the value it replaces).
+_NEGATED_ALT_RE = re.compile(r"[\s,;(—–-]*(?:not|instead\s+of|rather\s+than)\b.*", re.IGNORECASE | re.DOTALL)
+_WORD_RE = re.compile(r"[A-Za-z][A-Za-z'’]*")
+# Words that turn "<cue> 7 <word>" into a statement about 7 rather than a new answer.
+_NOT_A_UNIT = frozenset(
+    "is isn't isn’t was wasn't wasn’t are aren't aren’t were weren't be been being not no never wrong incorrect "
+    "false mistaken invalid impossible right correct seems seem looks look would could might can cannot can't "
+    "does doesn't doesn’t did didn't didn’t do will won't has have had times plus minus over divided multiplied "
+    "less more fewer too also so then because since but if".split()
+)
 
 
 @dataclass(frozen=True)
 class Extraction:
     """A stated final answer: the answer text and where it came from (``boxed``, ``hashes``,
-    ``marker``, ``equation`` or ``final_number``)."""
+    ``marker``, ``equation``, ``final_number``, or ``correction`` when a self-correction after
+    one of these replaced it)."""
 
     answer: str
     source: str
@@ -83,6 +139,22 @@ def _match_brace(text: str, start: int) -> int:
     return -1
 
 
+def _last_boxed_span(text: str) -> tuple[str | None, int]:
+    """``(content, end)`` of the last box (``end``: index after it); ``(None, -1)`` without a box
+    or when the last one is unclosed."""
+    matches = list(_BOXED_RE.finditer(text))
+    if not matches:
+        return None, -1
+    i = matches[-1].end()
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        end = _match_brace(text, i)
+        return (None, -1) if end < 0 else (text[i + 1 : end].strip(), end + 1)
+    m = re.compile(r"[^\s$]+").match(text, i)
+    return (m.group(0).rstrip(".,;"), m.end()) if m else (None, -1)
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed X`` in ``text``.
 
@@ -93,17 +165,95 @@ def last_boxed(text: str) -> str | None:
     >>> last_boxed(r"\\boxed 5") , last_boxed(r"\\fbox{7}"), last_boxed(r"\\boxed{1")
     ('5', '7', None)
     """
-    matches = list(_BOXED_RE.finditer(text))
-    if not matches:
-        return None
-    i = matches[-1].end()
-    while i < len(text) and text[i] in " \t":
-        i += 1
-    if i < len(text) and text[i] == "{":
-        end = _match_brace(text, i)
-        return None if end < 0 else text[i + 1 : end].strip()
-    m = re.match(r"[^\s$]+", text[i:])
-    return m.group(0).rstrip(".,;") if m else None
+    return _last_boxed_span(text)[0]
+
+
+def _brace_depth_change(text: str, start: int, end: int) -> int:
+    """``{`` minus ``}`` in ``text[start:end]``, escaped ``\\{``/``\\}`` not counted."""
+    return (text.count("{", start, end) - text.count("\\{", start, end)
+            - text.count("}", start, end) + text.count("\\}", start, end))
+
+
+def _prose_start(seg: str) -> int | None:
+    """Index of the first prose word of ``seg`` outside braces (``12 \\text{ apples} in all`` → at
+    `` in``), 0 when ``seg`` opens with a word, ``None`` when it has no prose."""
+    if _LEADING_WORD_RE.match(seg):
+        return 0
+    depth, pos = 0, 0
+    for p in _PROSE_RE.finditer(seg):
+        depth += _brace_depth_change(seg, pos, p.start())
+        pos = p.start()
+        if depth <= 0:
+            return p.start()
+    return None
+
+
+def _format_group(head: str, content: str) -> str:
+    """The replacement of one formatting group ``head + content + "}"`` (see :func:`strip_formatting`)."""
+    inner = _LATEX_SPACE_RE.sub(" ", content).strip()
+    if len(inner) <= _MAX_FORMAT_CHARS:
+        cut = _prose_start(inner)
+        lead, words = (inner, "") if cut is None else (inner[:cut].strip(), inner[cut:].strip())
+        if re.search(r"\d", lead):
+            return lead + (" \\text{" + words + "}" if words else "")
+        if _MARKER_RE.search(inner) or _CORRECTION_RE.search(inner):
+            return content
+    return head + content + "}"
+
+
+def strip_formatting(text: str) -> str:
+    """Remove text-formatting commands around numbers and answer markers (linear time).
+
+    ``\\text``, ``\\textbf`` and the other ``\\text..`` fonts, ``\\mathrm``/``\\mathbf`` and the other
+    ``\\math..`` fonts (not ``\\mathbb``/``\\mathcal``), ``\\mbox``, ``\\hbox``, ``\\emph``, ``\\bm``,
+    ``\\boldsymbol``, ``\\pmb``, ``\\underline`` and ``\\textcolor{c}{..}``, nested to any depth up
+    to 16. A group whose content starts with math containing a digit becomes that math, any words
+    after it kept as ``\\text{words}``; a group containing an answer marker or a correction cue
+    becomes its content; any other group (words only, ``\\mathbf{v}``) and an unclosed one stay as
+    they are.
+
+    >>> strip_formatting(r"\\boxed{\\textbf{\\text{ 12 }}} and \\text{12 apples} or \\text{ cm}")
+    '\\\\boxed{12} and 12 \\\\text{apples} or \\\\text{ cm}'
+    >>> strip_formatting(r"\\textbf{Final Answer:} $\\mathbf{-3.5}$")
+    'Final Answer: $-3.5$'
+    """
+    if "\\" not in text:
+        return text
+    # frames: [parts, head, open plain braces]; frames[0] is the text outside any formatting group
+    frames: list[list] = [[[], "", 0]]
+    i, n = 0, len(text)
+    while i < n:
+        top = frames[-1]
+        m = _BRACE_OR_ESCAPE_RE.search(text, i)
+        if m is None:
+            top[0].append(text[i:])
+            break
+        j = m.start()
+        top[0].append(text[i:j])
+        c = text[j]
+        if c == "\\":
+            f = _FORMAT_CMD_RE.match(text, j) if len(frames) <= _MAX_FORMAT_DEPTH else None
+            if f:
+                frames.append([[], f.group(0), 0])
+                i = f.end()
+            else:
+                top[0].append(text[j : j + 2])
+                i = j + 2
+            continue
+        i = j + 1
+        if c == "{":
+            top[2] += 1
+            top[0].append(c)
+        elif top[2] > 0 or len(frames) == 1:
+            top[2] = max(0, top[2] - 1)
+            top[0].append(c)
+        else:
+            frames.pop()
+            frames[-1][0].append(_format_group(top[1], "".join(top[0])))
+    while len(frames) > 1:  # unclosed groups stay as written
+        top = frames.pop()
+        frames[-1][0].append(top[1] + "".join(top[0]))
+    return "".join(frames[0][0])
 
 
 def _unwrap(ans: str) -> str:
@@ -121,46 +271,137 @@ def _unwrap(ans: str) -> str:
     return ans
 
 
-def _clause(text: str, start: int) -> tuple[str, int]:
-    """``(answer, end)``: the math at ``start`` up to the end of its sentence (or line), prose
-    words trimmed; ``end`` is where the kept text stops. The answer is empty when the clause opens
-    with a word (``To answer: we add them``)."""
-    m = _SENTENCE_END_RE.search(text, start)
-    seg = text[start : m.start() if m else len(text)]
-    seg = seg.replace("$", " ") if seg.count("$") % 2 else seg
-    if re.match(r"\s*(?:\*\*)?\s*[A-Za-z]{2,}\b", seg):
+def _clause(text: str, start: int, limit: int | None = None) -> tuple[str, int]:
+    """``(answer, end)``: the math at ``start`` up to the end of its sentence (or line, or the
+    first correction cue), prose words trimmed; ``end`` is where the kept text stops. The answer is
+    empty when the clause opens with a word (``To answer: we add them``). ``limit`` bounds how far
+    the sentence is looked for."""
+    if _OPENS_WITH_WORD_RE.match(text, start):  # before the sentence scan: keeps many markers linear
         return "", start
-    p = _PROSE_RE.search(seg)
-    if p:
-        seg = seg[: p.start()]
+    stop = len(text) if limit is None else min(len(text), start + limit)
+    m = _SENTENCE_END_RE.search(text, start, stop)
+    seg = text[start : m.start() if m else stop]
+    seg = seg.replace("$", " ") if seg.count("$") % 2 else seg
+    if _OPENS_WITH_WORD_RE.match(seg):
+        return "", start
+    cue = _CORRECTION_RE.search(seg)
+    if cue:  # "5, no wait, it is 7": this clause's answer ends where the correction starts
+        seg = re.sub(r"[\s(\[—–-]+$", "", seg[: cue.start()])
+    p = _prose_start(seg)
+    if p is not None:
+        seg = seg[:p]
     seg = re.sub(r"\s+(?:and|or)\s*$", "", seg)
     return _unwrap(seg), start + len(seg)
 
 
-def _after_marker(text: str) -> str | None:
-    """The answer after the last answer marker that is followed by one."""
+def _after_marker(text: str) -> tuple[str, int] | None:
+    """``(answer, end)`` after the last answer marker that is followed by one."""
     for marker in reversed(list(_MARKER_RE.finditer(text))):
         # "The answer is:\n\n$$13$$" — the answer may open the next non-empty line.
         start = _SPACE_RE.match(text, marker.end()).end()
-        ans, _ = _clause(text, start)
+        ans, end = _clause(text, start)
         if ans:
-            return ans
+            return ans, end
     return None
 
 
-def _after_last_equals(text: str) -> str | None:
-    """The right-hand side of the last ``=``, if no digit follows it (``8 + 7 = 15``)."""
+def _after_last_equals(text: str) -> tuple[str, int] | None:
+    """``(answer, end)``: the right-hand side of the last ``=``, if no digit follows it (``8 + 7 = 15``)."""
     equals = list(re.finditer(r"(?<![<>!=\\])=(?!=)", text))
     if not equals:
         return None
     ans, end = _clause(text, equals[-1].end())
     if not ans or re.search(r"\d", text[end:]):
         return None
-    return ans
+    return ans, end
+
+
+def _corrected_value(text: str, m: re.Match) -> str | None:
+    """The new value a correction cue match introduces, or ``None`` if what follows the cue is not
+    a restated answer (see :func:`find_corrections`)."""
+    start = m.end()
+    ans, end = _clause(text, start, _CORRECTION_WINDOW)
+    if not ans or ans[0] in ",;:)]}":
+        return None
+    if ans.endswith((")", "]")) and ans.count("(") + ans.count("[") < ans.count(")") + ans.count("]"):
+        ans = ans[:-1].rstrip()  # "(no, 6)": the bracket closes the aside, not the value
+    stop = min(len(text), start + _CORRECTION_WINDOW)
+    s_end = _SENTENCE_END_RE.search(text, end, stop)
+    if s_end and s_end.group(0) == "?":
+        return None  # "Wait, 7?" doubts, it does not state
+    tail = _NEGATED_ALT_RE.sub("", text[end : s_end.start() if s_end else stop], count=1)
+    tail = re.sub(r"\binstead\b", " ", tail, flags=re.IGNORECASE)
+    words = _WORD_RE.findall(tail)
+    restated = m.group("restate") is not None or m.group("mean") is not None
+    if re.search(r"[\d=]", tail) or len(words) > (2 if restated else 1):
+        return None
+    if any(w.lower() in _NOT_A_UNIT for w in words):
+        return None
+    eq = re.fullmatch(r"((?:[\d\s.,+\-*/()^{}]|\\(?:times|cdot|div|frac))+)=\s*([^=]+)", ans)
+    if eq and re.search(r"\d", eq.group(1)):  # "Actually, 5 + 2 = 7." restates 7
+        ans = eq.group(2).strip()
+    return ans or None
+
+
+def find_corrections(text: str, start: int = 0) -> list[tuple[int, str]]:
+    """Self-corrections in ``text[start:]``: ``(cue position, new value)`` in text order.
+
+    A correction is a cue (``no wait``, ``wait``, ``no,``, ``sorry``, ``oops``, ``actually``,
+    ``correction``, ``scratch that``, ``or rather``, ``make that``, ``nope``, ``I made a mistake``,
+    ``my mistake``, ``I was wrong``, ``that's wrong``, ``let me correct that``, stacked as in
+    ``wait, no, sorry``), then optionally a restating phrase (``it is``, ``it's``, ``that's``, ``I
+    mean``, ``it should be``, ``the correct answer is`` …), or ``I mean`` alone, then the value.
+    The value must end its sentence, and not with ``?``: after it at most one unit word (two after
+    a restating phrase), no digit, no verb or negation (``7 is wrong``, ``7 apples were eaten``),
+    optionally ``instead`` or a rejected alternative (``, not 5``). ``Actually, 5 + 2 = 7``
+    restates ``7``.
+
+    >>> find_corrections("The answer is 5, no wait, it is 7. Wait, 7 apples were eaten.")
+    [(17, '7')]
+    """
+    out = []
+    for m in _CORRECTION_RE.finditer(text, start):
+        value = _corrected_value(text, m)
+        if value:
+            out.append((m.start(), value))
+    return out
+
+
+def _stated(text: str, style: str) -> tuple[Extraction | None, int]:
+    """The stated answer by the module table and the index where it ends (-1 without one)."""
+    boxed, end = _last_boxed_span(text)
+    if boxed is not None:
+        return (Extraction(boxed, "boxed"), end) if boxed else (None, -1)
+    if _BOXED_RE.search(text):
+        return None, -1  # the last box is unclosed: the answer was cut off
+    if style == "gsm8k":
+        hashes = list(_HASHES_RE.finditer(text))
+        if hashes:
+            start = hashes[-1].end()
+            line = text[start:].split("\n", 1)[0]
+            cue = _CORRECTION_RE.search(line)
+            line = line[: cue.start()] if cue else line
+            ans = _unwrap(line.replace("$", " ").strip())
+            if ans:
+                return Extraction(ans, "hashes"), start + len(line)
+    marker = _after_marker(text)
+    if marker:
+        return Extraction(marker[0], "marker"), marker[1]
+    eq = _after_last_equals(text)
+    if eq:
+        return Extraction(eq[0], "equation"), eq[1]
+    if style == "gsm8k":
+        numbers = list(_NUMBER_RE.finditer(text))
+        if numbers:
+            return Extraction(numbers[-1].group(0), "final_number"), numbers[-1].end()
+    return None, -1
 
 
 def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extraction | None:
     """The stated final answer of ``response`` under an answer style (see the module table).
+
+    Text formatting around numbers is removed first (:func:`strip_formatting`); a self-correction
+    after the stated answer replaces it (:func:`find_corrections`).
 
     Raises ``ValueError`` for an unknown style. Returns ``None`` when nothing is stated, which
     makes the response incorrect: an echo of the problem is not an answer.
@@ -173,32 +414,23 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
     '15'
     >>> extract_final_answer("She earns 9 * 2 = 18 dollars.\\n#### 18", "gsm8k")
     Extraction(answer='18', source='hashes')
+    >>> extract_final_answer(r"\\boxed{\\textbf{12}}"), extract_final_answer("The answer is 5, no wait, 7.")
+    (Extraction(answer='12', source='boxed'), Extraction(answer='7', source='correction'))
     """
     if style not in ANSWER_STYLES:
         raise ValueError(f"unknown answer style {style!r}; expected one of {', '.join(ANSWER_STYLES)}")
-    boxed = last_boxed(response)
-    if boxed is not None:
-        return Extraction(boxed, "boxed") if boxed else None
-    if _BOXED_RE.search(response):
-        return None  # the last box is unclosed: the answer was cut off
-    if style == "gsm8k":
-        hashes = list(_HASHES_RE.finditer(response))
-        if hashes:
-            line = response[hashes[-1].end() :].split("\n", 1)[0]
-            ans = _unwrap(line.replace("$", " ").strip())
-            if ans:
-                return Extraction(ans, "hashes")
-    marker = _after_marker(response)
-    if marker:
-        return Extraction(marker, "marker")
-    eq = _after_last_equals(response)
-    if eq:
-        return Extraction(eq, "equation")
-    if style == "gsm8k":
-        numbers = _NUMBER_RE.findall(response)
-        if numbers:
-            return Extraction(numbers[-1], "final_number")
-    return None
+    text = strip_formatting(response)
+    found, end = _stated(text, style)
+    corrections = find_corrections(text, end) if found is not None else []
+    if found is None and _BOXED_RE.search(text) is None:
+        # "8 + 7 = 15. No wait, it is 16.": the answer stated before the first correction
+        first = next(iter(find_corrections(text)), None)
+        if first is not None:
+            found, end = _stated(text[: first[0]], style)
+            corrections = find_corrections(text, end) if found is not None else []
+    if found is not None and corrections:
+        return Extraction(corrections[-1][1], "correction")
+    return found
 
 
 def reference_answer(reference: str) -> str:
@@ -246,11 +478,13 @@ def _fix_paren_command(text: str, command: str, n_args: int) -> str:
 
 def normalize_latex(text: str) -> str:
     """Light, meaning-preserving repairs before parsing: ``\\sqrt(x)`` / ``\\frac(a)(b)`` with
-    parentheses become braces, ``\\dfrac``/``\\tfrac`` become ``\\frac``, unicode minus becomes ``-``.
+    parentheses become braces, ``\\dfrac``/``\\tfrac`` become ``\\frac``, unicode minus becomes ``-``,
+    formatting around numbers is removed (:func:`strip_formatting`: ``\\textbf{12}`` → ``12``).
 
-    >>> normalize_latex(r"4\\sqrt(2) + \\dfrac(1)(3)")
-    '4\\\\sqrt{2} + \\\\frac{1}{3}'
+    >>> normalize_latex(r"4\\sqrt(2) + \\dfrac(1)(3)"), normalize_latex(r"\\mathrm{12}")
+    ('4\\\\sqrt{2} + \\\\frac{1}{3}', '12')
     """
+    text = strip_formatting(text)
     text = text.replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _fix_paren_command(text, "\\sqrt", 1)
     return _fix_paren_command(text, "\\frac", 2)

@@ -1,11 +1,18 @@
-"""A small process pool with a hard per-item deadline: a worker that overruns is killed and replaced.
+"""A small process pool with a hard per-item limit: a worker that overruns is killed and replaced.
 
 ``concurrent.futures.ProcessPoolExecutor`` cannot cancel a running task, and ``signal.alarm``
 works only in a process's main thread, so neither bounds a hung sympy call made from a gRPC
 servicer thread. Here each worker is a ``spawn``-ed process on its own pipe; the caller thread
-dispatches items to idle workers, waits on the pipes with a timeout, and on a deadline
-``SIGKILL``\\ s the worker and starts a fresh one. The deadline counts from dispatch: a worker only
-receives items after it reported ready (imports done), so start-up never eats into an item's time.
+dispatches items to idle workers, waits on the pipes, and when an item overruns ``SIGKILL``\\ s the
+worker and starts a fresh one.
+
+The limit is **CPU time**, so a verdict does not depend on machine load: an item may use
+``timeout_s`` CPU seconds of its worker process (user + system, read with psutil), however long a
+busy machine makes that take. A generous wall-clock backstop (``wall_timeout_s``) still kills a
+worker that is stuck without computing. An item that overruns its CPU limit is retried once
+(``retries``) in a fresh worker with both limits multiplied by ``retry_factor``; one that hits the
+wall-clock backstop is not retried. Both limits count from dispatch: a worker only receives items
+after it reported ready (imports done), so start-up never eats into an item's time.
 
 Safe to use from any thread; concurrent :meth:`KillablePool.map` calls are serialized. Like every
 ``spawn`` user, a script that creates a pool at import time needs the ``if __name__ == "__main__":``
@@ -22,15 +29,39 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["KillablePool", "Outcome"]
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil is a dependency; without it the limit is wall-clock
+    psutil = None
+
+__all__ = ["KillablePool", "MapStats", "Outcome"]
 
 Outcome = tuple[str, Any]
-"""``("ok", value)``, ``("timeout", None)``, ``("crash", exit_code)`` or ``("error", exception_type_name)``."""
+"""``("ok", value)``, ``("timeout", limit)``, ``("crash", exit_code)`` or ``("error", exception_type_name)``;
+``limit`` says which limit the last attempt exceeded, e.g. ``"4 s CPU"`` or ``"60 s wall-clock"``."""
 
 _READY = ("ready",)
+_POLL_S = 0.5
+"""Longest wait between two looks at the busy workers' CPU time (seconds)."""
+_MIN_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class MapStats:
+    """Timeout counts of one :meth:`KillablePool.map_with_stats` call.
+
+    Attributes:
+        timeouts: items whose final outcome is ``timeout`` (after any retry).
+        retried: items that overran their CPU limit once and were run again with the longer limit
+            (``retried - timeouts`` of them, at most, were rescued by the retry).
+    """
+
+    timeouts: int = 0
+    retried: int = 0
 
 
 def _worker_main(conn: Connection, fn: Callable[[Any], Any], memory_limit_mb: int | None) -> None:
@@ -69,10 +100,45 @@ class _Slot:
                                 name="hacrl-verifier")
         self.proc.start()
         child.close()
+        self._ps = None
+        if psutil is not None:
+            with contextlib.suppress(Exception):
+                self._ps = psutil.Process(self.proc.pid)
         self.started = time.monotonic()
         self.ready = False
         self.index: int | None = None
-        self.deadline = 0.0
+        self.attempt = 0
+        self.dispatched = 0.0
+        self.cpu_start: float | None = None
+        self.cpu_last = 0.0
+        self.cpu_limit = 0.0
+        self.wall_deadline = 0.0
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds of the worker process; ``None`` if they cannot be read."""
+        if self._ps is None:
+            return None
+        try:
+            t = self._ps.cpu_times()
+        except Exception:  # noqa: BLE001 - gone or not permitted: the pipe tells the rest
+            return None
+        self.cpu_last = t.user + t.system
+        return self.cpu_last
+
+    def cpu_used(self) -> float:
+        """CPU seconds the current item has used; wall-clock seconds since dispatch where the CPU
+        time could not be read at dispatch, the last reading where it cannot be read now."""
+        if self.cpu_start is None:
+            return time.monotonic() - self.dispatched
+        now = self.cpu_seconds()
+        return (self.cpu_last if now is None else now) - self.cpu_start
+
+    def assign(self, index: int, attempt: int, cpu_limit: float, wall_limit: float) -> None:
+        """Record a dispatched item and its limits (CPU seconds, wall-clock seconds)."""
+        self.cpu_start = self.cpu_seconds()
+        self.index, self.attempt, self.cpu_limit = index, attempt, cpu_limit
+        self.dispatched = time.monotonic()
+        self.wall_deadline = self.dispatched + wall_limit
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -88,27 +154,43 @@ def _kill_all(slots: list[_Slot]) -> None:
 
 
 class KillablePool:
-    """Apply ``fn`` to items in ``workers`` processes, each item under a hard ``timeout_s``.
+    """Apply ``fn`` to items in ``workers`` processes, each item under a hard CPU-time limit.
 
     Args:
         fn: picklable callable (module-level function or callable-class instance) run in the
             workers; an optional ``fn.warm_up()`` runs once per worker before it reports ready.
         workers: number of processes (≥ 1).
-        timeout_s: wall-clock seconds one item may take before its worker is killed.
+        timeout_s: CPU seconds (user + system of the worker process) one item may use before its
+            worker is killed; machine load does not count against it.
         memory_limit_mb: address-space limit per worker (``RLIMIT_AS``); ``None`` = unlimited.
             An item that exhausts it fails with ``("error", "MemoryError")``.
         start_timeout_s: seconds a worker may take to start; raises ``RuntimeError`` beyond.
+        wall_timeout_s: wall-clock backstop per item (seconds), for a worker stuck without using
+            CPU; default ``max(60, 10 × timeout_s)``. Must be ≥ ``timeout_s``.
+        retries: how many times an item that overran its CPU limit is run again (0 = never).
+        retry_factor: each retry multiplies both limits by this (≥ 1).
 
-    Raises ``ValueError`` for non-positive ``workers``/``timeout_s``.
+    Raises ``ValueError`` for non-positive ``workers``/``timeout_s``, ``wall_timeout_s`` below
+    ``timeout_s``, negative ``retries`` or ``retry_factor`` below 1. Where the worker's CPU time
+    cannot be read (psutil missing or refused), ``timeout_s`` falls back to wall-clock seconds.
     """
 
     def __init__(self, fn: Callable[[Any], Any], *, workers: int = 2, timeout_s: float = 5.0,
-                 memory_limit_mb: int | None = 2048, start_timeout_s: float = 120.0) -> None:
+                 memory_limit_mb: int | None = 2048, start_timeout_s: float = 120.0,
+                 wall_timeout_s: float | None = None, retries: int = 1, retry_factor: float = 2.0) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        wall = max(60.0, 10.0 * float(timeout_s)) if wall_timeout_s is None else float(wall_timeout_s)
+        if not wall >= timeout_s:
+            raise ValueError(f"wall_timeout_s must be >= timeout_s ({timeout_s:g}), got {wall_timeout_s}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if not retry_factor >= 1:
+            raise ValueError(f"retry_factor must be >= 1, got {retry_factor}")
         self.fn, self.workers, self.timeout_s = fn, workers, float(timeout_s)
+        self.wall_timeout_s, self.retries, self.retry_factor = wall, int(retries), float(retry_factor)
         self.memory_limit_mb, self.start_timeout_s = memory_limit_mb, start_timeout_s
         self._ctx = mp.get_context("spawn")
         self._slots: list[_Slot] = []
@@ -116,6 +198,10 @@ class KillablePool:
         self._finalizer: weakref.finalize | None = None
         self.restarts = 0
         """Workers replaced after a timeout or crash (for metrics)."""
+        self.timeouts = 0
+        """Items whose final outcome was ``timeout``, over all calls (for metrics)."""
+        self.retried = 0
+        """Items run again after overrunning their CPU limit, over all calls (for metrics)."""
 
     def start(self) -> None:
         """Start the workers (idempotent); returns without waiting for them to be ready."""
@@ -134,15 +220,25 @@ class KillablePool:
 
     def map(self, items: Sequence[Any]) -> list[Outcome]:
         """Outcomes in item order. Raises ``RuntimeError`` if a worker cannot start at all."""
+        return self.map_with_stats(items)[0]
+
+    def map_with_stats(self, items: Sequence[Any]) -> tuple[list[Outcome], MapStats]:
+        """:meth:`map` plus this call's :class:`MapStats` (timeouts and retries)."""
         self.start()
         with self._lock:
-            return self._map(items)
+            results, stats = self._map(items)
+        return results, stats
 
-    def _dispatch(self, pending: deque[int], items: Sequence[Any], results: list[Outcome | None]) -> int:
+    def _limits(self, attempt: int) -> tuple[float, float]:
+        f = self.retry_factor ** attempt
+        return self.timeout_s * f, self.wall_timeout_s * f
+
+    def _dispatch(self, pending: deque[tuple[int, int]], items: Sequence[Any],
+                  results: list[Outcome | None]) -> int:
         done = 0
         for i, s in enumerate(self._slots):
             if s.ready and s.index is None and pending:
-                index = pending.popleft()
+                index, attempt = pending.popleft()
                 try:
                     s.conn.send((index, items[index]))
                 except (OSError, ValueError):  # worker gone between items
@@ -150,35 +246,65 @@ class KillablePool:
                     done += 1
                     self._replace(i)
                     continue
-                s.index, s.deadline = index, time.monotonic() + self.timeout_s
+                s.assign(index, attempt, *self._limits(attempt))
         return done
 
-    def _map(self, items: Sequence[Any]) -> list[Outcome]:
+    def _wait_s(self) -> float:
+        """How long to wait on the pipes before looking at the busy workers again."""
+        now = time.monotonic()
+        wait_s = _POLL_S
+        for s in self._slots:
+            if s.index is not None:
+                # a single-threaded worker cannot use more CPU than the wall time that passes
+                cpu_left = s.cpu_limit - s.cpu_used()
+                wait_s = min(wait_s, max(_MIN_POLL_S, cpu_left), max(0.0, s.wall_deadline - now))
+        return wait_s
+
+    def _map(self, items: Sequence[Any]) -> tuple[list[Outcome], MapStats]:
         for i, s in enumerate(self._slots):
             if s.index is not None:  # left busy by an interrupted call (KeyboardInterrupt): its result is stale
                 self._replace(i)
         results: list[Outcome | None] = [None] * len(items)
-        pending = deque(range(len(items)))
+        pending: deque[tuple[int, int]] = deque((i, 0) for i in range(len(items)))
         remaining = len(items)
+        timeouts = retried = 0
         while remaining:
             remaining -= self._dispatch(pending, items, results)
-            now = time.monotonic()
-            busy = [s.deadline for s in self._slots if s.index is not None]
-            wait_s = max(0.0, min(busy) - now) if busy else 0.5
-            ready = set(wait([s.conn for s in self._slots], timeout=wait_s))
+            ready = set(wait([s.conn for s in self._slots], timeout=self._wait_s()))
             for i, s in enumerate(self._slots):
                 if s.conn in ready:
                     remaining -= self._receive(i, results)
             now = time.monotonic()
             for i, s in enumerate(self._slots):
-                if s.index is not None and now >= s.deadline:
-                    results[s.index] = ("timeout", None)
-                    remaining -= 1
+                if s.index is not None:
+                    cpu_over = s.cpu_used() >= s.cpu_limit
+                    if not cpu_over and now < s.wall_deadline:
+                        continue
+                    if s.conn.poll():  # it finished just now: a result that arrived always counts
+                        remaining -= self._receive(i, results)
+                        s = self._slots[i]
+                        if s.index is None:
+                            continue
+                    index, attempt = s.index, s.attempt
                     self._replace(i)
+                    if cpu_over and attempt < self.retries:
+                        pending.appendleft((index, attempt + 1))
+                        retried += 1
+                    else:
+                        cpu_limit, wall_limit = self._limits(attempt)
+                        if not cpu_over:
+                            limit = f"{wall_limit:g} s wall-clock"
+                        else:  # where CPU time is unreadable, cpu_used() counted wall-clock seconds
+                            limit = f"{cpu_limit:g} s {'wall-clock' if s.cpu_start is None else 'CPU'}"
+                        results[index] = ("timeout", limit)
+                        timeouts += 1
+                        remaining -= 1
                 elif not s.ready and now - s.started > self.start_timeout_s:
                     self._replace(i)
                     raise RuntimeError(f"verifier worker did not start within {self.start_timeout_s:.0f} s")
-        return results  # type: ignore[return-value]
+        self.timeouts += timeouts
+        self.retried += retried
+        return results, MapStats(timeouts, retried)  # type: ignore[return-value]
 
     def _receive(self, i: int, results: list[Outcome | None]) -> int:
         s = self._slots[i]

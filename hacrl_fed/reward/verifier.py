@@ -1,9 +1,13 @@
 """The verifier: :func:`~hacrl_fed.reward.compare.check_answer` in a killable process pool.
 
-Every item runs in a worker process under a hard wall-clock deadline (``VerifierConfig.timeout_s``);
-a hung or crashed item becomes a ``verifier_error`` verdict (reward 0, counted), never a stuck
-round. Usable from the main thread and from worker threads (a gRPC servicer): no signals are used
-in the caller, and math-verify's own signal timeouts are disabled in the workers.
+Every item runs in a worker process under a hard limit of ``VerifierConfig.timeout_s`` seconds of
+the worker's CPU time, so a busy machine does not turn right answers into errors; an item that
+overruns is retried once with twice the limit (by default), and a generous wall-clock backstop
+still kills a stuck worker (:class:`~hacrl_fed.reward.pool.KillablePool`). An item that still
+overruns, or crashes, becomes a ``verifier_error`` verdict (reward 0, counted), never a stuck
+round; each :meth:`Verifier.verify` result says how many of its items timed out or were retried
+(:class:`VerdictList`). Usable from the main thread and from worker threads (a gRPC servicer): no
+signals are used in the caller, and math-verify's own signal timeouts are disabled in the workers.
 
 Two faces:
 
@@ -19,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_fed.reward.compare import check_answer, warm_up
 from hacrl_fed.reward.extract import ANSWER_STYLES
-from hacrl_fed.reward.pool import KillablePool
+from hacrl_fed.reward.pool import KillablePool, MapStats
 from hacrl_fed.reward.verdict import Verdict
 
 if TYPE_CHECKING:
     from hacrl_fed.config import VerifierConfig
 
-__all__ = ["AccuracyReward", "CheckItem", "Verifier", "accuracy_reward"]
+__all__ = ["AccuracyReward", "CheckItem", "VerdictList", "Verifier", "accuracy_reward"]
 
 
 class CheckItem:
@@ -41,6 +45,24 @@ class CheckItem:
         warm_up()
 
 
+class VerdictList(list):
+    """The verdicts of one :meth:`Verifier.verify` call (a ``list`` of :class:`Verdict`, in item
+    order) with that call's timeout counts, for logs and metrics.
+
+    Attributes:
+        timeouts: items that are ``verifier_error`` because they overran their limit (after the retry).
+        retried: items that overran the first limit and were run again with the longer one; those
+            not counted in ``timeouts`` were rescued by the retry.
+    """
+
+    def __init__(self, verdicts=(), timeouts: int = 0, retried: int = 0) -> None:
+        super().__init__(verdicts)
+        self.timeouts, self.retried = timeouts, retried
+
+    def __reduce__(self):
+        return (VerdictList, (list(self), self.timeouts, self.retried))
+
+
 def _broadcast(value: str | Sequence[str] | None, n: int, name: str) -> list[Any]:
     if value is None or isinstance(value, str):
         return [value] * n
@@ -54,19 +76,29 @@ class Verifier:
     """Tri-state answer verification in ``workers`` processes with a hard per-item timeout.
 
     Args:
-        timeout_s: wall-clock seconds per item; beyond it the worker is killed and replaced and
-            the item is ``verifier_error`` with reason ``timeout``.
+        timeout_s: CPU seconds per item (the worker process's user + system time, not affected by
+            machine load); beyond it the worker is killed and replaced and the item retried with
+            ``retry_factor`` × the limit; if it overruns again it is ``verifier_error`` with a reason
+            starting ``timeout`` (``timeout after 10 s CPU``).
         workers: processes in the pool.
         memory_limit_mb: address-space cap per worker (``None`` = none).
+        wall_timeout_s: wall-clock backstop per item for a worker stuck without computing
+            (default ``max(60, 10 × timeout_s)``; reason ``timeout after 60 s wall-clock``, no retry).
+        retries: runs after a CPU-limit overrun (default 1; 0 = none).
+        retry_factor: limit multiplier per retry (default 2).
 
     Use as a context manager (or call :meth:`close`); the pool starts on ``__enter__`` or on the
     first :meth:`verify`. Pickling keeps only the settings: an unpickled copy starts its own pool.
     """
 
-    def __init__(self, timeout_s: float = 5.0, workers: int = 2, *, memory_limit_mb: int | None = 2048) -> None:
+    def __init__(self, timeout_s: float = 5.0, workers: int = 2, *, memory_limit_mb: int | None = 2048,
+                 wall_timeout_s: float | None = None, retries: int = 1, retry_factor: float = 2.0) -> None:
         self.timeout_s, self.workers, self.memory_limit_mb = float(timeout_s), int(workers), memory_limit_mb
         self._pool = KillablePool(CheckItem(), workers=self.workers, timeout_s=self.timeout_s,
-                                  memory_limit_mb=memory_limit_mb)
+                                  memory_limit_mb=memory_limit_mb, wall_timeout_s=wall_timeout_s,
+                                  retries=retries, retry_factor=retry_factor)
+        self.wall_timeout_s, self.retries, self.retry_factor = (self._pool.wall_timeout_s, self._pool.retries,
+                                                                self._pool.retry_factor)
 
     @classmethod
     def from_config(cls, cfg: VerifierConfig) -> Verifier:
@@ -78,9 +110,20 @@ class Verifier:
         """Workers replaced so far after a timeout or crash."""
         return self._pool.restarts
 
+    @property
+    def timeouts(self) -> int:
+        """Items that ended as ``timeout`` verdicts so far, over all calls (per call: :class:`VerdictList`)."""
+        return self._pool.timeouts
+
+    @property
+    def retried(self) -> int:
+        """Items retried so far after overrunning their first limit, over all calls."""
+        return self._pool.retried
+
     def verify(self, responses: Sequence[str], references: Sequence[str],
-               styles: str | Sequence[str] = "boxed", problems: str | Sequence[str] | None = None) -> list[Verdict]:
-        """Verdicts for ``responses[i]`` against ``references[i]``, in order.
+               styles: str | Sequence[str] = "boxed", problems: str | Sequence[str] | None = None) -> VerdictList:
+        """Verdicts for ``responses[i]`` against ``references[i]``, in order, as a
+        :class:`VerdictList` (a list that also carries this call's ``timeouts`` and ``retried``).
 
         Args:
             responses: model responses (text, special tokens stripped).
@@ -103,7 +146,8 @@ class Verifier:
             if style_list[i] not in ANSWER_STYLES:
                 raise ValueError(f"item {i}: unknown answer style {style_list[i]!r}; expected one of {ANSWER_STYLES}")
         items = list(zip(responses, refs, style_list, problem_list, strict=True))
-        return [self._to_verdict(o) for o in self._pool.map(items)] if items else []
+        outcomes, stats = self._pool.map_with_stats(items) if items else ([], MapStats())
+        return VerdictList([self._to_verdict(o) for o in outcomes], stats.timeouts, stats.retried)
 
     def verify_one(self, response: str, reference: str, style: str = "boxed", problem: str | None = None) -> Verdict:
         """:meth:`verify` for a single item."""
@@ -114,7 +158,7 @@ class Verifier:
         if kind == "ok":
             return Verdict(*value)
         if kind == "timeout":
-            return Verdict.error(f"timeout after {self.timeout_s:g} s")
+            return Verdict.error(f"timeout after {value}")
         if kind == "crash":
             return Verdict.error(f"worker crashed (exit code {value})")
         return Verdict.error(f"error: {value}")
@@ -134,10 +178,13 @@ class Verifier:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout_s, "workers": self.workers, "memory_limit_mb": self.memory_limit_mb}
+        return {"timeout_s": self.timeout_s, "workers": self.workers, "memory_limit_mb": self.memory_limit_mb,
+                "wall_timeout_s": self.wall_timeout_s, "retries": self.retries, "retry_factor": self.retry_factor}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["timeout_s"], state["workers"], memory_limit_mb=state["memory_limit_mb"])
+        self.__init__(state["timeout_s"], state["workers"], memory_limit_mb=state["memory_limit_mb"],
+                      wall_timeout_s=state["wall_timeout_s"], retries=state["retries"],
+                      retry_factor=state["retry_factor"])
 
 
 def _completion_text(completion: Any) -> str:

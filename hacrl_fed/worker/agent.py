@@ -207,7 +207,7 @@ class AgentWorker:
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
             samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
             t_gen = time.perf_counter()
-            verdicts = self._verify(plan.prompts, samples)
+            verdicts, verifier_counts = self._verify(plan.prompts, samples)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
@@ -223,14 +223,16 @@ class AgentWorker:
                 "reward_mean": sum(r.reward for r in batch.rollouts) / len(batch.rollouts),
                 "stop_frac": sum(s.finish_reason == "stop" for s in samples) / len(samples),
                 "verifier_error": float(sum(r.verdict == pb.VERIFIER_ERROR for r in batch.rollouts)),
+                **verifier_counts,
                 "payload_bytes": float(len(envelope.payload)), "rss_bytes": process_rss_bytes(),
             }
             detail_log.info("step %d generated: %d rollouts for %d prompts, mean reward %.3f, %d tokens, %.1f s",
                      plan.step, len(samples), len(order), metrics["reward_mean"], tokens, time.perf_counter() - t0)
             return wpb.GenerateResponse(envelope=envelope, metrics=metrics)
 
-    def _verify(self, prompts, samples) -> list[tuple[float, int]]:
-        """(reward, verdict enum) per sample; truncated responses get 0 when ``truncated_reward = zero``."""
+    def _verify(self, prompts, samples) -> tuple[list[tuple[float, int]], dict[str, float]]:
+        """(reward, verdict enum) per sample; truncated responses get 0 when ``truncated_reward = zero``.
+        Also the verifier's ``verifier_timeouts`` / ``verifier_retried`` counts of this call (metrics)."""
         zero_length = self.cfg.verifier.truncated_reward == "zero"
         todo = [i for i, s in enumerate(samples) if not (zero_length and s.finish_reason == "length")]
         items = [prompts[samples[i].prompt_index] for i in todo]
@@ -239,7 +241,7 @@ class AgentWorker:
         out = [(0.0, pb.INCORRECT)] * len(samples)
         for i, v in zip(todo, verdicts):
             out[i] = (float(v.reward), _VERDICT[v.verdict])
-        return out
+        return out, {"verifier_timeouts": float(verdicts.timeouts), "verifier_retried": float(verdicts.retried)}
 
     def _batch(self, plan, sampling: Sampling, order, samples, verdicts) -> pb.RolloutBatch:
         batch = pb.RolloutBatch(
