@@ -16,8 +16,8 @@ from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import render_prompt, stop_strings
-from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
-from hacrl_fed.federation.keys import Roster, load_signing_key
+from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
+from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb

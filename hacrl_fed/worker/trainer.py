@@ -25,7 +25,7 @@ from hacrl_fed.algo.capability import capability_ratio
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
-from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
+from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
