@@ -40,7 +40,7 @@ from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_
 from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, step_record,
                                                step_summary, train_outcome)
-from hacrl_fed.flower.records import SiteReply
+from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]

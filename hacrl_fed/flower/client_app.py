@@ -1,10 +1,11 @@
 """Flower ClientApp: a thin courier between the SuperNode and the site's agent worker.
 
 Flower starts a fresh process for every message (flower-notes §5.1), so this module imports
-nothing heavy (no torch, no transformers): it unpacks the order, makes local gRPC calls to the
-persistent worker whose address the site put in its node config, and packs the reply
-(:mod:`hacrl_fed.flower.records`). The worker verifies peers' signatures against the site's
-own roster before it trains; nothing here trusts the coordinator.
+nothing heavy (no torch, no transformers): it unpacks the order (:mod:`hacrl_fed.flower.records`),
+lets the site make its local gRPC calls to the persistent worker whose address the site put in its
+node config (:mod:`hacrl_fed.site.courier`), packs the reply, and turns a failure into a Flower
+error reply. The worker verifies peers' signatures against the site's own roster before it trains;
+nothing here trusts the coordinator.
 
 Node config (``flower-supernode --node-config``): ``agent-name="org-a" worker-address="127.0.0.1:50051"``.
 """
@@ -21,7 +22,8 @@ from google.protobuf.message import DecodeError
 
 from hacrl_fed import __version__
 from hacrl_fed.flower import records
-from hacrl_fed.flower.records import SiteReply
+from hacrl_fed.protocol.site_reply import SiteReply
+from hacrl_fed.site import courier
 from hacrl_fed.site.worker_link import WorkerError, WorkerLink, WorkerUnavailableError
 from hacrl_fed.v1 import rollout_pb2 as rpb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -47,7 +49,7 @@ def _parse(cls, data: bytes, what: str):
         raise records.ProtocolError(f"{what} is not a valid {cls.__name__}") from None
 
 
-def _courier(msg: Message, context: Context, call: Callable[[WorkerLink, SiteReply], None]) -> Message:
+def _serve(msg: Message, context: Context, call: Callable[[WorkerLink, SiteReply], None]) -> Message:
     """Run ``call(link, reply)`` (it fills ``reply``) and turn every failure into an error reply."""
     agent = str(context.node_config.get("agent-name", ""))
     address = str(context.node_config.get("worker-address", ""))
@@ -74,10 +76,9 @@ def generate(msg: Message, context: Context) -> Message:
 
     def call(link: WorkerLink, reply: SiteReply) -> None:
         plan = _parse(rpb.RoundPlan, records.read_generate_order(msg.content), "round-plan")
-        res = link.generate(plan, timeout_s=_time_left(msg))
-        reply.envelope, reply.metrics = res.envelope.SerializeToString(), dict(res.metrics)
+        courier.generate(link, plan, reply, lambda: _time_left(msg))
 
-    return _courier(msg, context, call)
+    return _serve(msg, context, call)
 
 
 @app.train("update")
@@ -94,21 +95,9 @@ def train(msg: Message, context: Context) -> Message:
             capabilities=_parse(rpb.CapabilityTable, order.table, "capability-table"),
             envelopes=[_parse(rpb.SignedEnvelope, env, f"pool.{name}") for name, env in sorted(order.envelopes.items())],
         )
-        report = link.train(request, timeout_s=_time_left(msg))
-        reply.report, reply.metrics = report.SerializeToString(), dict(report.metrics)
-        if order.checkpoint:
-            t0 = time.time()
-            link.checkpoint(timeout_s=_time_left(msg))
-            reply.metrics["time/checkpoint_s"] = time.time() - t0
-        if next_plan is not None:
-            try:
-                res = link.generate(next_plan, timeout_s=_time_left(msg))
-            except WorkerError as err:  # the training result still goes back
-                reply.generate_error = str(err)
-            else:
-                reply.envelope, reply.generate_metrics = res.envelope.SerializeToString(), dict(res.metrics)
+        courier.train(link, request, reply, lambda: _time_left(msg), checkpoint=order.checkpoint, next_plan=next_plan)
 
-    return _courier(msg, context, call)
+    return _serve(msg, context, call)
 
 
 @app.evaluate("heldout")
@@ -117,7 +106,6 @@ def evaluate(msg: Message, context: Context) -> Message:
 
     def call(link: WorkerLink, reply: SiteReply) -> None:
         request = _parse(wpb.EvaluateRequest, records.read_eval_order(msg.content), "eval request")
-        res = link.evaluate(request, timeout_s=_time_left(msg))
-        reply.evaluation, reply.metrics = res.SerializeToString(), dict(res.metrics)
+        courier.evaluate(link, request, reply, lambda: _time_left(msg))
 
-    return _courier(msg, context, call)
+    return _serve(msg, context, call)

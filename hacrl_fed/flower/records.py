@@ -22,16 +22,19 @@ signed envelopes as ``Array(dtype="uint8", stype="hacrl.SignedEnvelope.v1")`` in
 (Flower chunks and de-duplicates those, so the pool is uploaded once for all recipients).
 
 :func:`read_reply` raises :class:`ProtocolError` for anything malformed; it never trusts the
-other side. Imports only ``flwr.app`` (the ClientApp must start fast).
+other side. Besides ``flwr.app`` it imports only the plain
+:class:`~hacrl_fed.protocol.site_reply.SiteReply` (the ClientApp must start fast).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from hacrl_fed.protocol.site_reply import SiteReply
 
 __all__ = [
     "ENVELOPE_STYPE",
@@ -42,7 +45,6 @@ __all__ = [
     "MSG_GENERATE",
     "MSG_TRAIN",
     "ProtocolError",
-    "SiteReply",
     "TrainOrder",
     "content_bytes",
     "envelope_array",
@@ -186,20 +188,6 @@ def read_eval_order(content: RecordDict) -> bytes:
 
 
 # ----------------------------------------------------------------------------- replies
-
-
-@dataclass
-class SiteReply:
-    """Everything a reply can carry; absent parts are None / empty."""
-
-    agent: str = ""
-    version: str = ""
-    envelope: bytes | None = None
-    report: bytes | None = None
-    evaluation: bytes | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    generate_metrics: dict[str, float] = field(default_factory=dict)
-    generate_error: str = ""
 
 
 def reply_content(reply: SiteReply) -> RecordDict:

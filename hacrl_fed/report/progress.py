@@ -24,19 +24,9 @@ from rich.progress import (
 from rich.table import Table
 
 from hacrl_fed.config import SimulateConfig
+from hacrl_fed.report.formats import format_bytes
 
-__all__ = ["SimulationView", "format_bytes", "step_line"]
-
-
-def format_bytes(n: float | None) -> str:
-    """``1536`` → ``1.5 KiB``, ``530_000_000`` → ``505 MiB`` (binary units, 2–3 significant digits); None → ``-``."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1000 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 10 else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["SimulationView", "step_line"]
 
 
 def _num(x: Any, fmt: str = ".2f") -> str:

@@ -141,7 +141,7 @@ def _pct(x: float | None) -> str:
 
 
 def _size(x: float | None) -> str:
-    from hacrl_fed.report.progress import format_bytes
+    from hacrl_fed.report.formats import format_bytes
 
     return format_bytes(x)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from hacrl_fed.coordinator.rounds import Node, Reply
 from hacrl_fed.flower import records
-from hacrl_fed.flower.records import SiteReply
 from hacrl_fed.flower.server_app import _content
+from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hostile import HOSTILE, envelope_bytes, honest_batch

@@ -6,7 +6,7 @@ import pytest
 
 from hacrl_fed.coordinator.rounds import Node, Reply
 from hacrl_fed.coordinator.step_record import collect_batches
-from hacrl_fed.flower.records import SiteReply
+from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.protocol.validation import BatchRejected, Reason, check_rollouts, validate_envelope
 from hostile import HOSTILE, envelope_bytes, honest_batch
 
