@@ -14,6 +14,11 @@ with a stable :class:`Reason` code (metrics key) and a one-line detail (log line
    sample indices 0..G-1 with no duplicate and none missing, finite reward in [0, 1], finite
    behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over ≥ 1 token, a known verdict and finish reason.
 
+:func:`check_rollouts` is the one content check of a batch: the coordinator runs it here, and every
+learner site runs it again on each peer batch of the pool it trains on
+(:class:`hacrl_fed.worker.trainer.Trainer`), so a coordinator that pools a bad batch cannot make a
+site train on it.
+
 A batch is accepted or rejected as a whole: it is re-broadcast as the exact signed bytes, so a
 partly bad batch cannot be trimmed, and HACPO's groups need every agent's G samples per prompt.
 Steps 1–6 are :func:`hacrl_fed.protocol.envelope.open_envelope`. Pure functions, no I/O.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -134,17 +139,17 @@ def _row_problem(r, samples_per_prompt: int) -> Reason | None:
     return None
 
 
-def check_rollouts(batch: RolloutBatch, plan: RoundPlan) -> None:
-    """Check a parsed batch's rollouts against the plan (step 7 of the module docstring).
+def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per_prompt: int) -> None:
+    """Check a parsed batch's rollouts against the step's plan (step 7 of the module docstring).
 
-    Expects exactly G = ``plan.samples_per_prompt`` rollouts for every prompt of the plan, with
-    sample indices 0..G-1. Raises :class:`BatchRejected` with the first failing check's reason;
-    the detail names up to three offending rows as ``prompt_id#sample_index``.
+    Expects exactly G = ``samples_per_prompt`` rollouts for every one of ``prompt_ids`` (the plan's
+    prompts), with sample indices 0..G-1. Raises :class:`BatchRejected` with the first failing
+    check's reason; the detail names up to three offending rows as ``prompt_id#sample_index``.
     """
     rows = len(batch.rollouts)
-    g = plan.samples_per_prompt
-    prompt_ids = {p.prompt_id for p in plan.prompts}
-    unknown = [repr(r.prompt_id[:40]) for r in batch.rollouts if r.prompt_id not in prompt_ids]
+    g = samples_per_prompt
+    known = set(prompt_ids)
+    unknown = [repr(r.prompt_id[:40]) for r in batch.rollouts if r.prompt_id not in known]
     if unknown:
         raise BatchRejected(Reason.UNKNOWN_PROMPT, f"rollouts for prompt ids not in the plan: {_examples(unknown)}",
                             rows=rows)
@@ -163,10 +168,10 @@ def check_rollouts(batch: RolloutBatch, plan: RoundPlan) -> None:
     dupes = sorted(f"{p}#{i}" for (p, i), n in counts.items() if n > 1)
     if dupes:
         raise BatchRejected(Reason.DUPLICATE_SAMPLE, f"sample indices delivered twice: {_examples(dupes)}", rows=rows)
-    missing = sorted(f"{p.prompt_id}#{i}" for p in plan.prompts for i in range(g) if (p.prompt_id, i) not in counts)
+    missing = sorted(f"{p}#{i}" for p in known for i in range(g) if (p, i) not in counts)
     if missing:
         raise BatchRejected(Reason.MISSING_SAMPLE,
-                            f"{len(missing)} of {len(plan.prompts) * g} rollouts missing: {_examples(missing)}",
+                            f"{len(missing)} of {len(known) * g} rollouts missing: {_examples(missing)}",
                             rows=rows)
 
 
@@ -199,5 +204,5 @@ def validate_envelope(
     except EnvelopeError as err:
         reason = next((code for cls, code in _ENVELOPE_REASONS if isinstance(err, cls)), Reason.MALFORMED)
         raise BatchRejected(reason, str(err), rows=owed) from None
-    check_rollouts(batch, plan)
+    check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt)
     return AcceptedBatch(agent=batch.agent_id, batch=batch, envelope=bytes(raw))

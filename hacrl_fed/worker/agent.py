@@ -206,7 +206,7 @@ class AgentWorker:
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
             self.trainer.remember(StepRollouts(
-                run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids,
+                run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch))
             tokens = sum(s.token_count for s in samples)

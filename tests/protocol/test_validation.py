@@ -60,7 +60,7 @@ def test_logprob_rounding_within_tolerance_is_accepted(plan):
     p = plan()
     batch = honest_batch(p, "alice")
     batch.rollouts[0].behaviour_logprob_sum = 5e-6
-    check_rollouts(batch, p)
+    check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
 
 
 def test_missing_detail_names_the_rows(plan):
@@ -68,7 +68,7 @@ def test_missing_detail_names_the_rows(plan):
     batch = honest_batch(p, "alice")
     del batch.rollouts[4]
     with pytest.raises(BatchRejected, match=r"p1#1") as info:
-        check_rollouts(batch, p)
+        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
     assert info.value.reason is Reason.MISSING_SAMPLE
 
 
