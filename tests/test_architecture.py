@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hacrl_fed"
+MAP = PACKAGE.parent / "docs" / "architecture.md"
 
 MAY_IMPORT: dict[str, set[str]] = {
     "": set(),
@@ -198,3 +199,17 @@ def test_packages_stay_small(folder):
     assert len(modules) <= MAX_MODULES and lines <= MAX_LINES, (
         f"{folder.name}/ holds {len(modules)} modules, {lines} lines (at most {MAX_MODULES} and {MAX_LINES}): "
         "split it by role")
+
+
+def test_the_architecture_map_states_these_rules():
+    """The table of docs/architecture.md lists, per package, exactly what :data:`MAY_IMPORT` allows."""
+    stated: dict[str, set[str]] = {}
+    for line in MAP.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[1].startswith("`"):
+            continue
+        allowed = set() if cells[2] == "—" else {
+            "" if name == "the version" else name.strip("`") for name in cells[2].split(", ")}
+        for unit in cells[1].split(", "):
+            stated[unit.strip("`").rstrip("/").removesuffix(".py")] = allowed
+    assert stated == {unit: allowed for unit, allowed in MAY_IMPORT.items() if unit}
