@@ -28,9 +28,9 @@ from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import AgentConfig, SimulateConfig
 from hacrl_fed.data.datasets import load_problems
 from hacrl_fed.data.sampler import PromptSampler
-from hacrl_fed.federation.coordinator import build_round_plan, capability_table, reverify, step_seed
-from hacrl_fed.federation.keys import Roster, generate_identity, update_roster
-from hacrl_fed.federation.validation import BatchRejected, validate_envelope
+from hacrl_fed.coordinator.phases import build_round_plan, capability_table, reverify, step_seed
+from hacrl_fed.protocol.keys import Roster, generate_identity, update_roster
+from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb

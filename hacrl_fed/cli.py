@@ -47,7 +47,7 @@ def keys_gen(
     force: bool = typer.Option(False, "--force", help="Overwrite existing key files."),
 ) -> None:
     """Write NAME.ed25519.key/.pub (batch signing) and NAME.node.key/.pub (SuperNode auth, EC P-384 OpenSSH)."""
-    from hacrl_fed.federation.keys import KeyFileError, Roster, RosterError, generate_identity, update_roster
+    from hacrl_fed.protocol.keys import KeyFileError, Roster, RosterError, generate_identity, update_roster
 
     try:
         if roster is not None and roster.exists():
@@ -72,8 +72,8 @@ def keys_certs(
     force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
 ) -> None:
     """Write a private CA and a SuperLink TLS server certificate signed by it."""
-    from hacrl_fed.federation.certs import generate_tls
-    from hacrl_fed.federation.keys import KeyFileError
+    from hacrl_fed.protocol.certs import generate_tls
+    from hacrl_fed.protocol.keys import KeyFileError
 
     try:
         files = generate_tls(out, san, days=days, force=force)
@@ -112,7 +112,7 @@ def worker_cmd(
         check_bind_address(address or cfg.agent.worker_address)
     except (ConfigError, ValueError) as err:
         fail(_one_line(err))
-    from hacrl_fed.federation.keys import KeyFileError, RosterError
+    from hacrl_fed.protocol.keys import KeyFileError, RosterError
     from hacrl_fed.worker.checkpoint import CheckpointError
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
     from hacrl_fed.worker.service import run_worker
@@ -197,8 +197,8 @@ def server_cmd(
 ) -> None:
     """Coordinator host: flower-superlink (TLS, SuperNode auth), roster registration and the HACRL run."""
     from hacrl_fed.config import ConfigError, ServerConfig, load_config
-    from hacrl_fed.federation.keys import RosterError
-    from hacrl_fed.federation.server_cmd import resolve_server_config, run_server
+    from hacrl_fed.launch.server_cmd import resolve_server_config, run_server
+    from hacrl_fed.protocol.keys import RosterError
 
     _cli_logging()
     try:
@@ -229,7 +229,7 @@ def client_cmd(
     from pydantic import ValidationError
 
     from hacrl_fed.config import ClientConfig, ConfigError, format_validation_error, load_config
-    from hacrl_fed.federation.client_cmd import fill_site_layout, resolve_client_config, run_client
+    from hacrl_fed.launch.client_cmd import fill_site_layout, resolve_client_config, run_client
 
     _cli_logging()
     try:
@@ -277,7 +277,7 @@ def simulate_cmd(
 ) -> None:
     """All agents on this machine over loopback: SuperLink, one worker + SuperNode per agent, then a report."""
     from hacrl_fed.config import ConfigError, SimulateConfig, load_config
-    from hacrl_fed.federation.simulate import SimulationError, default_config, run_simulation
+    from hacrl_fed.launch.simulate import SimulationError, default_config, run_simulation
 
     try:
         if resume is not None and (config is not None or tls or output_dir is not None or run_name is not None):

@@ -5,6 +5,9 @@ Three top-level files exist: ``server.toml`` (:class:`ServerConfig`), ``client.t
 one machine). Every model forbids unknown keys, so a typo fails at load time with the key path
 and the expected type (:func:`load_config` raises :class:`ConfigError`).
 
+The ``algo`` and ``optim`` sections are defined beside the math they configure
+(:mod:`hacrl_fed.algo.config`, :mod:`hacrl_fed.algo.optim_config`) and re-exported here.
+
 This module imports nothing heavy (no torch, no transformers) so the CLI and the coordinator can
 validate a config in well under a second.
 """
@@ -18,6 +21,7 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hacrl_fed.algo.config import AlgoConfig
+from hacrl_fed.algo.optim_config import OptimConfig
 
 __all__ = [
     "AgentConfig",
@@ -138,30 +142,6 @@ class ModelConfig(Strict):
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
-
-
-class OptimConfig(Strict):
-    """Learner update: AdamW, mini-batches, micro-batches by token budget."""
-
-    lr: PositiveFloat = 1e-5
-    """AdamW learning rate (the paper's 1e-6 is for 1.7B–8B models; small models need more)."""
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-8
-    grad_clip: PositiveFloat = 1.0
-    """Global grad-norm clip per optimizer update."""
-    mini_batch_rows: PositiveInt = 64
-    """Rows per optimizer update (one update = one mini-batch = one stepwise index m)."""
-    micro_batch_tokens: PositiveInt = 4096
-    """Token budget of one forward/backward (padded prompt + response tokens)."""
-    logprob_chunk_tokens: PositiveInt = 1024
-    """Positions per chunk when computing selected-token log-probs (no full [T, V] log-softmax)."""
-    epochs: PositiveInt = 1
-    seed: int = 0
-    skip_zero_grad_updates: bool = True
-    """Skip the optimizer step of a mini-batch whose gradient is exactly zero (every advantage 0, or every
-    cross row outside its clip window) and count it (``zero_grad_updates``). AdamW would otherwise still move
-    the weights by its momentum and weight decay with no signal from the batch (what verl and TRL do)."""
 
 
 class AgentConfig(Strict):

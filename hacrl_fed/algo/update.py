@@ -32,7 +32,7 @@ from hacrl_fed.tokenization.views import TrainingRow, collate
 
 if TYPE_CHECKING:
     from hacrl_fed.algo.config import AlgoConfig
-    from hacrl_fed.config import OptimConfig
+    from hacrl_fed.algo.optim_config import OptimConfig
 
 
 @dataclass(frozen=True)

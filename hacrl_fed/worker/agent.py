@@ -16,8 +16,8 @@ from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strings
-from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
-from hacrl_fed.federation.keys import Roster, load_signing_key
+from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
+from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -212,7 +212,7 @@ class AgentWorker:
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
             self.trainer.remember(StepRollouts(
-                run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids,
+                run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch))
             tokens = sum(s.token_count for s in samples)

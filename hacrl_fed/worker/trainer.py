@@ -3,7 +3,8 @@
 :meth:`Trainer.train_step` reads as the step itself::
 
     own rollouts of the step (kept in memory since Generate, with their token ids)
-      → open peers' envelopes against the site's own roster (reject with a reason, never train on them)
+      → open peers' envelopes against the site's own roster and run the coordinator's content checks
+        on them (reject with a reason, never train on them)
       → apply the coordinator's reward corrections (its verdict wins)
       → training rows: own ids as generated, foreign text re-tokenized (prompt re-rendered)
       → capability ratios r_{j→k} from the coordinator's CapabilityTable (clipped, warm-up ⇒ 1)
@@ -25,15 +26,15 @@ from hacrl_fed.algo.capability import capability_ratio
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
-from hacrl_fed.federation.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
-from hacrl_fed.federation.validation import eos_logprob_ok
+from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
+from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.worker.engine import GeneratedSample
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 
-__all__ = ["StepRollouts", "Trainer", "check_batch", "process_rss_bytes"]
+__all__ = ["StepRollouts", "Trainer", "process_rss_bytes"]
 
 
 @dataclass
@@ -50,6 +51,8 @@ class StepRollouts:
     """Exact serialized own RolloutBatch that was signed."""
     temperature: float
     """Temperature of the behaviour log-probs (1.0 for greedy)."""
+    samples_per_prompt: int
+    """The plan's G: every peer batch must hold G samples of every prompt (the learner's own may hold more)."""
     batch: pb.RolloutBatch = field(default_factory=pb.RolloutBatch)
 
 
@@ -58,32 +61,6 @@ def process_rss_bytes() -> float:
     import psutil
 
     return float(psutil.Process().memory_info().rss)
-
-
-def check_batch(batch: pb.RolloutBatch, prompt_ids: Mapping[str, object]) -> str | None:
-    """Content checks of a (signature-verified) batch; returns the reason it is unusable, or None.
-
-    Checks: known prompt ids, unique (prompt id, sample index), finite numbers, reward in [0, 1],
-    behaviour log-prob sum ≤ 0 over ≥ 1 token, finish reason STOP or LENGTH.
-    """
-    seen: set[tuple[str, int]] = set()
-    for r in batch.rollouts:
-        where = f"rollout {r.prompt_id!r}/{r.sample_index}"
-        key = (r.prompt_id, r.sample_index)
-        if r.prompt_id not in prompt_ids:
-            return f"{where}: prompt id is not in the plan"
-        if key in seen:
-            return f"{where}: duplicate sample index"
-        seen.add(key)
-        if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
-            return f"{where}: reward {r.reward} is not in [0, 1]"
-        if r.behaviour_token_count < 1 or not math.isfinite(r.behaviour_logprob_sum) or r.behaviour_logprob_sum > 1e-4:
-            return f"{where}: behaviour log-prob needs a finite sum <= 0 over >= 1 token"
-        if r.finish_reason not in (pb.STOP, pb.LENGTH):
-            return f"{where}: finish reason must be STOP or LENGTH"
-        if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
-            return f"{where}: behaviour EOS log-prob must be finite, <= 0, within the sum, and only on a STOP response"
-    return None
 
 
 class Trainer:
@@ -196,9 +173,10 @@ class Trainer:
             if batch.agent_id in batches:
                 rejected.append(f"{who}: duplicate batch for this step")
                 continue
-            reason = check_batch(batch, own.prompt_ids)
-            if reason:
-                rejected.append(f"{who}: {reason}")
+            try:
+                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt)
+            except BatchRejected as err:
+                rejected.append(f"{who}: {err.reason.value}: {err}")
                 continue
             batches[batch.agent_id] = batch
         return batches, rejected

@@ -70,7 +70,7 @@ class Sites:
 
     def __init__(self, root, cache: str, verifier, kinds: dict[str, str], **agent_kw) -> None:
         from hacrl_fed.config import AgentConfig, ModelConfig, OptimConfig
-        from hacrl_fed.federation.keys import generate_identity, update_roster
+        from hacrl_fed.protocol.keys import generate_identity, update_roster
 
         self.root, self.verifier, self.cfg, self.workers = root, verifier, {}, {}
         roster = root / "roster.toml"

@@ -7,7 +7,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.federation.envelope import sign_batch
+from hacrl_fed.protocol.envelope import sign_batch
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
@@ -143,7 +143,7 @@ def test_train_preconditions(make_sites, plans):
 
 
 def test_foreign_rollout_without_tokens_is_dropped_not_fatal(make_sites, plans):
-    from hacrl_fed.federation.keys import load_signing_key
+    from hacrl_fed.protocol.keys import load_signing_key
 
     make_plan, make_table = plans
     sites = make_sites(KINDS)

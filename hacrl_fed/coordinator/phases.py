@@ -1,0 +1,182 @@
+"""Pure pieces of the coordinator's step (ARCHITECTURE.md §2; hacpo-spec §2, §8.3 steps 1 and 4).
+
+* :func:`build_round_plan` — the step's :class:`RoundPlan` (B prompts, G, sampling, deadline).
+* :func:`reverify` — the coordinator's own verdict on every pooled rollout, with the same
+  verifier the sites use, against its own reference answers. Its verdict wins: where it differs
+  from the site's reward it becomes a :class:`RewardCorrection`; disagreements are counted per agent.
+* :func:`capability_table` — P̂ per agent after this step's window update (Eq. 9), plus the
+  corrections, as broadcast with the pool.
+
+No I/O, no Flower: the step loop (:mod:`hacrl_fed.coordinator.rounds`) calls these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hacrl_fed.config import SamplingConfig
+from hacrl_fed.protocol.validation import AcceptedBatch
+from hacrl_fed.v1 import rollout_pb2 as pb
+
+__all__ = [
+    "AgentVerification",
+    "ProblemLike",
+    "build_round_plan",
+    "capability_table",
+    "reverify",
+    "step_seed",
+]
+
+_VERDICT_CODES = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
+_REWARD_TOLERANCE = 1e-9
+
+
+class ProblemLike(Protocol):
+    """What a plan needs of a problem (``hacrl_fed.data.Problem``)."""
+
+    id: str
+    problem: str
+    answer: str
+    answer_style: str
+
+
+VerifyFn = Callable[..., Sequence[Any]]
+"""``verify(responses, references, styles, problems) -> [verdict]`` with ``.verdict`` in
+{"correct", "incorrect", "verifier_error"} and ``.reward`` (``hacrl_fed.reward.Verifier.verify``)."""
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of one step: 63 bits of SHA-256 over ``"seed:step"`` (uncorrelated across steps)."""
+    digest = hashlib.sha256(f"{int(seed)}:{int(step)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def build_round_plan(*, run_id: str, step: int, problems: Sequence[ProblemLike], samples_per_prompt: int,
+                     sampling: SamplingConfig, seed: int, deadline_unix_s: float) -> pb.RoundPlan:
+    """The RoundPlan of ``step``: B = ``len(problems)`` prompts, G samples each.
+
+    Raises ValueError for an empty or duplicate-id problem list, or G < 1.
+    """
+    ids = [p.id for p in problems]
+    if not ids:
+        raise ValueError("a round plan needs at least one problem")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate problem ids in one step: {sorted({i for i in ids if ids.count(i) > 1})}")
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+    return pb.RoundPlan(
+        run_id=run_id,
+        step=step,
+        samples_per_prompt=samples_per_prompt,
+        sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                   max_new_tokens=sampling.max_new_tokens, seed=step_seed(seed, step)),
+        prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
+                               answer_style=p.answer_style or "boxed") for p in problems],
+        deadline_unix_s=deadline_unix_s,
+    )
+
+
+@dataclass
+class AgentVerification:
+    """The coordinator's re-verification of one agent's batch."""
+
+    rewards: list[float]
+    """Coordinator rewards, in the batch's rollout order."""
+    site_rewards: list[float]
+    corrections: list[pb.RewardCorrection] = field(default_factory=list)
+    """One per rollout whose site reward differs from the coordinator's."""
+    verdict_mismatches: int = 0
+    """Rollouts with equal reward but another verdict (e.g. verifier_error vs incorrect)."""
+    verifier_errors: int = 0
+    """Coordinator-side verifier errors (timeouts, crashes): reward 0."""
+
+    @property
+    def accuracy(self) -> float:
+        """P_t: mean coordinator reward over the agent's B·G rollouts (hacpo-spec §8.3 step 4)."""
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def site_accuracy(self) -> float:
+        """Mean reward the site claimed."""
+        return sum(self.site_rewards) / len(self.site_rewards) if self.site_rewards else 0.0
+
+    @property
+    def disagreements(self) -> int:
+        return len(self.corrections)
+
+
+def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.RoundPlan, *,
+             truncated_reward: str = "zero") -> dict[str, AgentVerification]:
+    """Re-verify every rollout of every accepted batch in one verifier call.
+
+    Args:
+        verify: the verifier (``Verifier.verify``); called once with all responses that need it.
+        accepted: validated batches (their prompt ids are known to be in ``plan``).
+        plan: the step's plan; its reference answers and answer styles are the coordinator's own.
+        truncated_reward: ``zero``: a response with finish reason LENGTH gets reward 0 (verdict
+            incorrect) without verification; ``verify``: verified like any other
+            (``VerifierConfig.truncated_reward``).
+
+    Returns agent → :class:`AgentVerification`. Raises ValueError if the verifier returns the
+    wrong number of verdicts or an unknown verdict kind.
+    """
+    if truncated_reward not in ("zero", "verify"):
+        raise ValueError(f"truncated_reward must be 'zero' or 'verify', got {truncated_reward!r}")
+    prompts = {p.prompt_id: p for p in plan.prompts}
+    todo: list[tuple[str, int]] = []
+    results: dict[str, list[tuple[float, int]]] = {}
+    for item in accepted:
+        rows = results.setdefault(item.agent, [])
+        for i, r in enumerate(item.batch.rollouts):
+            if truncated_reward == "zero" and r.finish_reason == pb.LENGTH:
+                rows.append((0.0, pb.INCORRECT))
+            else:
+                rows.append((math.nan, pb.VERDICT_UNSPECIFIED))
+                todo.append((item.agent, i))
+    by_agent = {item.agent: item.batch for item in accepted}
+    if todo:
+        rollouts = [by_agent[a].rollouts[i] for a, i in todo]
+        verdicts = list(verify([r.response_text for r in rollouts],
+                               [prompts[r.prompt_id].reference_answer for r in rollouts],
+                               [prompts[r.prompt_id].answer_style or "boxed" for r in rollouts],
+                               [prompts[r.prompt_id].text for r in rollouts]))
+        if len(verdicts) != len(todo):
+            raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
+        for (agent, i), v in zip(todo, verdicts):
+            if v.verdict not in _VERDICT_CODES:
+                raise ValueError(f"verifier returned unknown verdict {v.verdict!r}")
+            results[agent][i] = (float(v.reward), _VERDICT_CODES[v.verdict])
+    return {agent: _compare(agent, by_agent[agent], rows) for agent, rows in results.items()}
+
+
+def _compare(agent: str, batch: pb.RolloutBatch, rows: list[tuple[float, int]]) -> AgentVerification:
+    out = AgentVerification(rewards=[r for r, _ in rows], site_rewards=[r.reward for r in batch.rollouts])
+    for r, (reward, verdict) in zip(batch.rollouts, rows):
+        out.verifier_errors += verdict == pb.VERIFIER_ERROR
+        if abs(r.reward - reward) > _REWARD_TOLERANCE:
+            out.corrections.append(pb.RewardCorrection(agent_id=agent, prompt_id=r.prompt_id,
+                                                       sample_index=r.sample_index, reward=reward, verdict=verdict))
+        elif r.verdict != verdict:
+            out.verdict_mismatches += 1
+    return out
+
+
+def capability_table(tracker: Any, plan: pb.RoundPlan, accuracy: dict[str, float],
+                     corrections: Sequence[pb.RewardCorrection]) -> pb.CapabilityTable:
+    """The CapabilityTable broadcast with step ``plan.step``'s pool.
+
+    ``tracker`` is a :class:`hacrl_fed.algo.capability.CapabilityTracker` already updated with this
+    step's ``accuracy`` (agent → P_t); the table lists exactly those agents with P̂ (Eq. 9), their
+    window (oldest first) and P_t. ``warmup`` is true while the tracker forces ratios to 1.
+    """
+    history = tracker.state_dict()["history"]
+    table = pb.CapabilityTable(run_id=plan.run_id, step=plan.step, corrections=list(corrections),
+                               warmup=tracker.steps <= tracker.warmup_steps)
+    for agent in sorted(accuracy):
+        table.agents.add(agent_id=agent, capability=tracker.capability(agent), window=history[agent],
+                         step_accuracy=accuracy[agent])
+    return table

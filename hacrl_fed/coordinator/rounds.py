@@ -1,0 +1,347 @@
+"""The coordinator's step loop (ARCHITECTURE.md §2), written against a small :class:`Transport`.
+
+One step, as :func:`run_coordinator` runs it::
+
+    wait until ≥ min_agents roster agents are online
+    plan      = B prompts from the seeded sampler, G, sampling, deadline
+    replies   = generate orders to every online agent (those that already generated for this
+                plan during the previous step's train phase are not asked again)
+    accepted  = validate every envelope (signature, run, step, ids, numbers, sizes)
+    verdicts  = re-verify every rollout with the coordinator's verifier (its verdict wins)
+    table     = capability windows updated with this step's coordinator accuracy
+    state saved (the step counts as done from here: no site is ever asked to train it twice)
+    one exchange: train orders (pool = accepted envelopes + table + the NEXT step's plan) to every
+                agent that delivered, plain generate orders for the next plan to everyone else
+    metrics line, then the state (step, windows, sampler, metrics offset) saved atomically;
+    one summary line on the log (status, accuracy and rows per agent, step time, overhead)
+
+Pipelining the next step's generation into the train message (ARCHITECTURE §2) makes a step one
+Flower round trip instead of two. Steps count from 1 (a worker's Health reports 0 for "none").
+
+The Flower ServerApp supplies a Transport over ``Grid`` (:mod:`hacrl_fed.flower.server_app`);
+tests supply an in-process one. Agents that time out, error or deliver a rejected batch are left
+out of the step, with the reason in the log and the metrics; the step proceeds with at least
+``min_agents`` valid batches, otherwise it is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hacrl_fed.algo.capability import CapabilityTracker
+from hacrl_fed.config import RunConfig
+from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_table, reverify
+from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
+from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, step_record,
+                                               step_summary, train_outcome)
+from hacrl_fed.protocol.site_reply import SiteReply
+from hacrl_fed.v1 import rollout_pb2 as pb
+
+__all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
+
+log = logging.getLogger("hacrl_fed.coordinator")
+
+
+@dataclass(frozen=True)
+class Node:
+    """An online SuperNode: Flower node id and the name it was registered with ('' if none)."""
+
+    node_id: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Order:
+    """One message to one node. ``kind``: ``generate`` (``plan``), ``train`` (``plan``, ``table``,
+    ``envelopes``, ``checkpoint``, optional ``next_plan``) or ``evaluate`` (``request``)."""
+
+    node_id: int
+    kind: str
+    plan: bytes = b""
+    table: bytes = b""
+    envelopes: Mapping[str, bytes] = field(default_factory=dict)
+    checkpoint: bool = False
+    next_plan: bytes = b""
+    request: bytes = b""
+
+
+@dataclass
+class Reply:
+    """One node's answer to one order."""
+
+    node_id: int
+    site: SiteReply = field(default_factory=SiteReply)
+    """What the site sent (its reported agent name is untrusted)."""
+    error: str = ""
+    """Non-empty when the node answered with an error or an unreadable reply."""
+    timed_out: bool = False
+    bytes_in: int = 0
+    """Wire bytes of the reply content."""
+    bytes_out: int = 0
+    """Wire bytes of the order content sent to this node."""
+
+
+class Transport(Protocol):
+    """How the loop reaches the agents."""
+
+    def nodes(self) -> list[Node]:
+        """Nodes online now."""
+        ...
+
+    def exchange(self, orders: Sequence[Order], timeout_s: float) -> dict[int, Reply]:
+        """Send every order (TTL ``timeout_s``); return a Reply for every order's node, missing ones
+        ``timed_out`` after ``timeout_s``. Never raises for a misbehaving node."""
+        ...
+
+
+class Sampler(Protocol):
+    def next_batch(self) -> list[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Setup:
+    """Everything the loop needs besides the transport."""
+
+    run: RunConfig
+    roster: Mapping[str, Any]
+    """Agent name → Ed25519 public key (the coordinator's own roster)."""
+    verify: VerifyFn
+    sampler: Sampler
+    run_dir: Path
+    held_out: Sequence[Any] = ()
+    truncated_reward: str = "zero"
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    poll_s: float = 1.0
+
+    @property
+    def state_path(self) -> Path:
+        return self.run_dir / "coordinator" / "state.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+
+def resume_settings(run: RunConfig) -> dict[str, Any]:
+    """The run settings a resumed coordinator must share with the original (hashed into the state)."""
+    return {"run_id": run.run_id, "prompts_per_step": run.prompts_per_step, "samples_per_prompt": run.samples_per_prompt,
+            "data": run.data.model_dump(mode="json"), "seed": run.seed, "capability_window": run.capability_window,
+            "capability_warmup_steps": run.capability_warmup_steps, "sampling": run.sampling.model_dump(mode="json")}
+
+
+def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
+    """Run (or resume) the run until ``run.steps`` steps are done. Returns the final state.
+
+    Raises StateError when the saved state belongs to different run settings, ValueError when
+    the sampler or capability state cannot be restored; agent failures never raise.
+    """
+    run = setup.run
+    digest = run_digest(resume_settings(run))
+    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest)
+    resumed = state is not None
+    state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
+    tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
+    if state.capability:
+        tracker.load_state_dict(state.capability)
+    if state.sampler:
+        setup.sampler.load_state_dict(state.sampler)
+    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset)
+    if state.pending is not None:
+        log.warning("step %s was interrupted during its train phase; it counts as done", state.pending.get("step"))
+        record, state.pending = dict(state.pending, interrupted=True), None
+        _commit(setup, state, metrics, record)
+    state.restarts += resumed
+    _commit(setup, state, metrics, {"event": "resume" if resumed else "run_start", "run_id": run.run_id,
+                                    "step": state.step, "steps": run.steps, "time": setup.clock(),
+                                    "roster": sorted(setup.roster)})
+    log.info("%s run %s after step %d of %d", "resuming" if resumed else "starting", run.run_id, state.step, run.steps)
+    _wait_for_agents(setup, transport, want=len(setup.roster), patience_s=run.join_timeout_s)
+    _maybe_evaluate(setup, transport, state, metrics)
+    prefetched: dict[int, Reply] = {}
+    while state.step < run.steps:
+        prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched)
+        _maybe_evaluate(setup, transport, state, metrics)
+    _commit(setup, state, metrics, _run_end(state, metrics))
+    log.info("run %s finished: %d steps in %.1f s", run.run_id, state.step, state.elapsed_s)
+    return state
+
+
+def _commit(setup: Setup, state: CoordinatorState, metrics: MetricsLog, record: dict[str, Any]) -> None:
+    """Append one metrics line, then save the state that points past it (crash-consistent order)."""
+    state.metrics_offset = metrics.append(record)
+    save_state(setup.state_path, state)
+
+
+def _eligible(setup: Setup, transport: Transport) -> list[Node]:
+    """Online nodes, minus those registered under a name that is not in the roster."""
+    nodes = []
+    for node in transport.nodes():
+        if node.name and node.name not in setup.roster:
+            log.warning("node %d is registered as %r, which is not in the roster: ignored", node.node_id, node.name)
+            continue
+        nodes.append(node)
+    return sorted(nodes, key=lambda n: (n.name, n.node_id))
+
+
+def _wait_for_agents(setup: Setup, transport: Transport, *, want: int, patience_s: float) -> list[Node]:
+    """Poll until ``want`` eligible nodes are online, or ``patience_s`` passed with ≥ ``min_agents``.
+
+    Below ``min_agents`` it keeps waiting (logging every 30 s): agents may come back.
+    """
+    start = last_log = setup.clock()
+    while True:
+        nodes = _eligible(setup, transport)
+        waited = setup.clock() - start
+        if len(nodes) >= want or (len(nodes) >= setup.run.min_agents and waited >= patience_s):
+            return nodes
+        if setup.clock() - last_log >= 30.0:
+            log.info("waiting for agents: %d online, want %d (min_agents %d), %.0f s so far",
+                     len(nodes), want, setup.run.min_agents, waited)
+            last_log = setup.clock()
+        setup.sleep(setup.poll_s)
+
+
+def _plan(setup: Setup, state: CoordinatorState, step: int, deadline_s: float) -> pb.RoundPlan:
+    """The plan of ``step``: the one already sent out with the previous train phase, or a new one."""
+    if state.next_plan:
+        plan = pb.RoundPlan.FromString(base64.b64decode(state.next_plan))
+        if plan.step == step:
+            plan.deadline_unix_s = setup.clock() + deadline_s  # not signed by anyone: safe to refresh
+            return plan
+    run = setup.run
+    return build_round_plan(run_id=run.run_id, step=step, problems=setup.sampler.next_batch(),
+                            samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=run.seed,
+                            deadline_unix_s=setup.clock() + deadline_s)
+
+
+def _worker_s(replies: Mapping[int, Reply]) -> float:
+    """Time of the slowest site inside its worker calls during one exchange."""
+    return max((r.site.metrics.get("courier/worker_s", 0.0) for r in replies.values()), default=0.0)
+
+
+def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, state: CoordinatorState,
+              metrics: MetricsLog, prefetched: Mapping[int, Reply]) -> dict[int, Reply]:
+    """One step (module docstring). Returns the generate replies already received for the next step."""
+    run, clock = setup.run, setup.clock
+    t_start = clock()
+    nodes = _wait_for_agents(setup, transport, want=run.min_agents, patience_s=0.0)
+    plan = _plan(setup, state, state.step + 1, run.generate_timeout_s)
+    plan_b = plan.SerializeToString(deterministic=True)
+    ready = {n.node_id: prefetched[n.node_id] for n in nodes if n.node_id in prefetched}
+    asked = [Order(n.node_id, "generate", plan=plan_b) for n in nodes if n.node_id not in ready]
+    t_plan = clock()
+    fresh = transport.exchange(asked, run.generate_timeout_s) if asked else {}
+    t_gen = clock()
+    accepted, agents = collect_batches(nodes, ready | fresh, setup.roster, plan, max_bytes=run.max_batch_bytes,
+                                       timeout_s=run.generate_timeout_s)
+    t_val = clock()
+    verdicts = reverify(setup.verify, accepted, plan, truncated_reward=setup.truncated_reward)
+    for agent, v in verdicts.items():
+        agents[agent].verification = v
+    t_ver = clock()
+    trained = len(accepted) >= run.min_agents
+    next_b = b""
+    if trained:
+        tracker.update({a: v.accuracy for a, v in verdicts.items()})
+        if plan.step < run.steps:
+            nxt = _plan(setup, state, plan.step + 1, run.train_timeout_s + run.generate_timeout_s)
+            next_b = nxt.SerializeToString(deterministic=True)
+    else:
+        log.warning("step %d skipped: %d valid batch(es), min_agents is %d", plan.step, len(accepted), run.min_agents)
+    timing = {"plan_s": t_plan - t_start, "generate_s": t_gen - t_plan, "validate_s": t_val - t_gen,
+              "verify_s": t_ver - t_val, "train_s": 0.0, "step_s": t_ver - t_start, "worker_s": _worker_s(fresh)}
+    state.step, state.sampler, state.capability = plan.step, setup.sampler.state_dict(), tracker.state_dict()
+    state.next_plan = base64.b64encode(next_b).decode("ascii")
+    state.pending = step_record(plan, agents, tracker, timing, trained=trained, time_s=clock())
+    save_state(setup.state_path, state)  # from here on the step counts as done, even if we crash
+    upcoming: dict[int, Reply] = {}
+    if trained:
+        upcoming, work = _train(setup, transport, tracker, plan, plan_b, accepted, agents, verdicts, nodes, next_b)
+        timing["worker_s"] += work
+    timing |= {"train_s": clock() - t_ver, "step_s": clock() - t_start}
+    _totals(state, agents)
+    state.elapsed_s += clock() - t_start
+    state.pending = None
+    record = step_record(plan, agents, tracker, timing, trained=trained, time_s=clock())
+    _commit(setup, state, metrics, record)
+    log.info("%s", step_summary(record, run.steps))
+    return upcoming
+
+
+def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan: pb.RoundPlan, plan_b: bytes,
+           accepted: Sequence[Any], agents: Mapping[str, AgentStep], verdicts: Mapping[str, Any],
+           nodes: Sequence[Node], next_b: bytes) -> tuple[dict[int, Reply], float]:
+    """Broadcast the pool and the CapabilityTable to every agent that delivered (with the next plan),
+    and the next plan alone to every other online node. Returns the next step's generate replies
+    and the slowest site's worker time."""
+    run = setup.run
+    accuracy = {a: v.accuracy for a, v in verdicts.items()}
+    corrections = [c for v in verdicts.values() for c in v.corrections]
+    table = capability_table(tracker, plan, accuracy, corrections).SerializeToString(deterministic=True)
+    pool = {item.agent: item.envelope for item in accepted}
+    ids = {item.agent: agents[item.agent].node_id for item in accepted}
+    checkpoint = run.checkpoint_every > 0 and plan.step % run.checkpoint_every == 0
+    orders = [Order(nid, "train", plan=plan_b, table=table, envelopes=pool, checkpoint=checkpoint, next_plan=next_b)
+              for nid in ids.values()]
+    if next_b:
+        orders += [Order(n.node_id, "generate", plan=next_b) for n in nodes if n.node_id not in ids.values()]
+    replies = transport.exchange(orders, run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0))
+    for agent, node_id in ids.items():
+        train_outcome(agents[agent], replies[node_id], plan)
+    upcoming: dict[int, Reply] = {}
+    for nid, reply in replies.items():
+        site = reply.site
+        if nid in ids.values() and site.envelope is not None:  # train + next generate in one reply
+            upcoming[nid] = Reply(nid, site=SiteReply(agent=site.agent, envelope=site.envelope,
+                                                      metrics=site.generate_metrics))
+        elif nid not in ids.values():
+            upcoming[nid] = reply
+    return upcoming, _worker_s(replies)
+
+
+def _totals(state: CoordinatorState, agents: Mapping[str, AgentStep]) -> None:
+    for name, a in agents.items():
+        v = a.verification
+        reasons = {f"reason/{a.reason}": 1.0} if a.reason else {}
+        state.add_totals(name, steps_trained=float(a.status == "trained"), rows_accepted=a.rows_accepted,
+                         rows_rejected=a.rows_rejected, reward_disagreements=v.disagreements if v else 0,
+                         bytes_in=a.bytes_in, bytes_out=a.bytes_out, **reasons)
+
+
+def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState, metrics: MetricsLog) -> None:
+    """Held-out evaluation before the first step, after the last, and every ``eval_every`` steps."""
+    run, s = setup.run, state.step
+    due = s == 0 or s == run.steps or (run.eval_every > 0 and s % run.eval_every == 0)
+    if not setup.held_out or not due or state.last_eval_step == s:
+        return
+    nodes = _eligible(setup, transport)
+    t0 = setup.clock()
+    request = eval_request(setup.held_out, run)
+    replies = transport.exchange([Order(n.node_id, "evaluate", request=request) for n in nodes],
+                                 run.generate_timeout_s)
+    state.last_eval_step = s
+    record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out))
+    record |= {"time": setup.clock(), "eval_s": setup.clock() - t0}
+    _commit(setup, state, metrics, record)
+
+
+def _run_end(state: CoordinatorState, metrics: MetricsLog) -> dict[str, Any]:
+    steps = [r for r in metrics.read() if r.get("event") == "step"]
+    step_s = [r["timing"]["step_s"] for r in steps]
+    overhead = [r["timing"].get("overhead_s") for r in steps if r["timing"].get("overhead_s") is not None]
+    return {"event": "run_end", "run_id": state.run_id, "steps": state.step, "elapsed_s": state.elapsed_s,
+            "restarts": state.restarts, "mean_step_s": sum(step_s) / len(step_s) if step_s else None,
+            "mean_overhead_s": sum(overhead) / len(overhead) if overhead else None,
+            "overhead_frac": sum(overhead) / sum(step_s) if overhead and sum(step_s) > 0 else None,
+            "skipped_steps": sum(not r.get("trained") for r in steps), "totals": state.totals}

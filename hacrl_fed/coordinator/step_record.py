@@ -1,0 +1,239 @@
+"""Per-agent bookkeeping of one coordinator step and the metrics line it becomes.
+
+:func:`collect_batches` turns the generate replies into accepted batches and per-agent outcomes
+(every reply is accounted for: accepted, rejected with a reason, error, timeout);
+:func:`train_outcome` adds the train reply; :func:`step_record` writes the JSON-lines record.
+Pure functions over protobuf messages and the reply dataclass; no I/O besides logging.
+
+Metrics line of one step (``event = "step"``), per agent under ``agents.<name>``:
+``status`` (trained | train_error | rejected | error | timeout), ``reason`` (a
+:class:`~hacrl_fed.protocol.validation.Reason` value), ``detail``, ``rows_accepted``,
+``rows_rejected``, ``accuracy`` (coordinator verdicts), ``site_accuracy`` (claimed),
+``capability`` (P̂ after this step), ``reward_disagreements``, ``verdict_mismatches``,
+``verifier_errors``, ``bytes_in``/``bytes_out`` (wire bytes of replies/orders), ``generate_s`` and
+``train_s`` (worker-reported), and the worker's raw ``generate``/``train`` metrics. ``timing``
+holds the coordinator's phases in seconds (``plan_s``, ``generate_s``, ``validate_s``,
+``verify_s``, ``train_s``, ``step_s``), ``worker_s`` (the slowest site's time inside worker calls,
+summed over the step's exchanges) and ``overhead_s`` = ``step_s`` − ``worker_s`` − ``verify_s``:
+what the federation itself costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from hacrl_fed.config import RunConfig
+from hacrl_fed.coordinator.phases import AgentVerification, step_seed
+from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
+from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, validate_envelope
+from hacrl_fed.v1 import rollout_pb2 as pb
+from hacrl_fed.v1 import worker_pb2 as wpb
+
+__all__ = ["AgentStep", "collect_batches", "eval_record", "eval_request", "step_record", "step_summary",
+           "train_outcome", "worker_seconds"]
+
+log = logging.getLogger("hacrl_fed.coordinator")
+
+_STATUS_OF = {Reason.TIMEOUT: "timeout", Reason.NODE_ERROR: "error"}
+MAX_LISTED = 50
+"""Entries of a site's list of refused peer batches kept in the metrics."""
+
+
+@dataclass
+class AgentStep:
+    """What happened to one agent (one delivering node) during one step."""
+
+    agent: str
+    node_id: int
+    status: str = "pending"
+    reason: str = ""
+    detail: str = ""
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    fingerprint: str = ""
+    generate: dict[str, float] = field(default_factory=dict)
+    train: dict[str, float] = field(default_factory=dict)
+    per_source: dict[str, dict[str, float]] = field(default_factory=dict)
+    train_rejected: list[str] = field(default_factory=list)
+    verification: AgentVerification | None = None
+
+
+def worker_seconds(metrics: Mapping[str, float]) -> float | None:
+    """A worker's own time for a phase: ``time/total_s`` if reported, else the sum of ``time/*_s``."""
+    if "time/total_s" in metrics:
+        return float(metrics["time/total_s"])
+    parts = [float(v) for k, v in metrics.items() if k.startswith("time/") and k.endswith("_s")]
+    return sum(parts) if parts else None
+
+
+def _label(node_name: str, reported: str, node_id: int, taken: Mapping[str, Any]) -> str:
+    """Metrics label of a node: its registration name, else the (well-formed) name it reported."""
+    if not re.fullmatch(AGENT_NAME_PATTERN, reported or ""):
+        reported = ""
+    label = node_name or reported or f"node-{node_id}"
+    return label if label not in taken else f"{label}@{node_id}"
+
+
+def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Mapping[str, Any],
+                    plan: pb.RoundPlan, *, max_bytes: int,
+                    timeout_s: float) -> tuple[list[AcceptedBatch], dict[str, AgentStep]]:
+    """Validate every node's generate reply. Returns the accepted batches and one entry per node.
+
+    The expected signer of a node's envelope is its registration name, or else the name it
+    reported. A second valid batch of an agent already accepted is rejected (``duplicate_agent``).
+    """
+    owed = len(plan.prompts) * plan.samples_per_prompt
+    accepted: dict[str, AcceptedBatch] = {}
+    agents: dict[str, AgentStep] = {}
+    for node in nodes:
+        reply = replies[node.node_id]
+        site = reply.site
+        entry = AgentStep(_label(node.name, site.agent, node.node_id, agents), node.node_id,
+                          bytes_in=reply.bytes_in, bytes_out=reply.bytes_out, generate=dict(site.metrics))
+        try:
+            if reply.timed_out:
+                raise BatchRejected(Reason.TIMEOUT, f"no reply within {timeout_s:g} s", rows=owed)
+            if reply.error or site.envelope is None:
+                raise BatchRejected(Reason.NODE_ERROR, reply.error or "reply without an envelope", rows=owed)
+            if node.name and site.agent and site.agent != node.name:
+                raise BatchRejected(Reason.AGENT_MISMATCH, f"node registered as {node.name!r} reports agent "
+                                    f"{site.agent!r}", rows=owed)
+            item = validate_envelope(site.envelope, roster, plan, expected_agent=node.name or site.agent or None,
+                                     max_bytes=max_bytes)
+            if item.agent in accepted:
+                raise BatchRejected(Reason.DUPLICATE_AGENT, f"a batch of {item.agent!r} was already accepted "
+                                    f"at this step", rows=len(item.batch.rollouts))
+        except BatchRejected as rej:
+            entry.status, entry.reason = _STATUS_OF.get(rej.reason, "rejected"), rej.reason.value
+            entry.detail, entry.rows_rejected = str(rej), rej.rows
+            log.warning("step %d: %s (node %d) %s: %s", plan.step, entry.agent, node.node_id, rej.reason.value, rej)
+        else:
+            if entry.agent != item.agent and item.agent not in agents:
+                entry.agent = item.agent  # an unnamed node: label it by its verified signer
+            accepted[item.agent] = item
+            entry.status, entry.rows_accepted = "accepted", len(item.batch.rollouts)
+            entry.fingerprint = item.batch.model_fingerprint
+        agents[entry.agent] = entry
+    return list(accepted.values()), agents
+
+
+def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan) -> None:
+    """Record one participant's train reply (TrainReport) in ``entry``; logs failures."""
+    entry.bytes_in += reply.bytes_in
+    entry.bytes_out += reply.bytes_out
+    problem = "timeout" if reply.timed_out else reply.error
+    report = None
+    if not problem:
+        try:
+            report = pb.TrainReport.FromString(reply.site.report or b"")
+        except DecodeError:
+            problem = "unreadable TrainReport"
+    if report is not None and (report.run_id != plan.run_id or report.step != plan.step
+                               or report.agent_id != entry.agent):
+        problem = (f"TrainReport for run {report.run_id!r} step {report.step} agent {report.agent_id!r}, "
+                   f"expected {plan.run_id!r} step {plan.step} agent {entry.agent!r}")
+    if problem:
+        entry.status, entry.reason, entry.detail = "train_error", "train_timeout" if reply.timed_out else "train_error", problem
+        log.warning("step %d: %s train failed: %s", plan.step, entry.agent, problem)
+        return
+    entry.status = "trained"
+    entry.train = dict(reply.site.metrics)
+    entry.per_source = {s.source_agent: dict(s.metrics) for s in report.per_source}
+    entry.train_rejected = [line[:500] for line in report.rejected[:MAX_LISTED]]
+    for line in entry.train_rejected:
+        log.warning("step %d: %s refused a peer batch: %s", plan.step, entry.agent, line)
+    if reply.site.generate_error:
+        log.warning("step %d: %s could not generate for the next step: %s", plan.step, entry.agent,
+                    reply.site.generate_error)
+
+
+def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
+    v = a.verification
+    known = a.agent in tracker.agents
+    return {
+        "node_id": a.node_id, "status": a.status, "reason": a.reason, "detail": a.detail,
+        "rows_accepted": a.rows_accepted, "rows_rejected": a.rows_rejected,
+        "accuracy": v.accuracy if v else None, "site_accuracy": v.site_accuracy if v else None,
+        "capability": tracker.capability(a.agent) if known else None,
+        "reward_disagreements": v.disagreements if v else 0, "verdict_mismatches": v.verdict_mismatches if v else 0,
+        "verifier_errors": v.verifier_errors if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
+        "generate_s": worker_seconds(a.generate), "train_s": worker_seconds(a.train),
+        "model_fingerprint": a.fingerprint, "generate": a.generate, "train": a.train, "per_source": a.per_source,
+        "train_rejected": a.train_rejected,
+    }
+
+
+def step_record(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], tracker: Any, timing: dict[str, float], *,
+                trained: bool, time_s: float) -> dict[str, Any]:
+    """The metrics line of one step (module docstring), with ``timing.overhead_s`` filled in."""
+    per_agent = {name: _agent_record(a, tracker) for name, a in sorted(agents.items())}
+    gen = [r["generate_s"] for r in per_agent.values() if r["generate_s"] is not None and r["status"] != "rejected"]
+    trn = [r["train_s"] for r in per_agent.values() if r["train_s"] is not None and r["status"] == "trained"]
+    timing = dict(timing, worker_generate_s=max(gen, default=None), worker_train_s=max(trn, default=None))
+    # federation overhead: step time spent neither in the slowest site's worker calls nor re-verifying
+    timing["overhead_s"] = max(0.0, timing["step_s"] - timing.get("worker_s", 0.0) - timing["verify_s"])
+    return {
+        "event": "step", "run_id": plan.run_id, "step": plan.step, "time": time_s, "trained": trained,
+        "participants": sorted(n for n, a in agents.items() if a.status in ("trained", "train_error", "accepted")),
+        "prompt_ids": [p.prompt_id for p in plan.prompts],
+        "sampling": {"temperature": plan.sampling.temperature, "top_p": plan.sampling.top_p,
+                     "top_k": plan.sampling.top_k, "max_new_tokens": plan.sampling.max_new_tokens,
+                     "seed": plan.sampling.seed, "samples_per_prompt": plan.samples_per_prompt},
+        "agents": per_agent, "timing": timing,
+    }
+
+
+def step_summary(record: Mapping[str, Any], steps: int) -> str:
+    """One line for the coordinator's terminal from a :func:`step_record` line: the step's outcome,
+    per agent its status (with the reason when it was left out), coordinator accuracy and rows
+    accepted/rejected, then the step time and the federation overhead (seconds)."""
+    agents = []
+    for name, a in record["agents"].items():
+        status = a["status"] + (f" ({a['reason']})" if a.get("reason") and a["status"] != "trained" else "")
+        acc = f" acc {a['accuracy']:.3f}" if a.get("accuracy") is not None else ""
+        agents.append(f"{name} {status}{acc} rows {a['rows_accepted']}/{a['rows_rejected']}")
+    timing = record["timing"]
+    outcome = "trained" if record["trained"] else "skipped"
+    return (f"step {record['step']}/{steps} {outcome}: {'; '.join(agents) or 'no agents'} | "
+            f"step {timing['step_s']:.1f} s, overhead {timing.get('overhead_s', 0.0):.1f} s"
+            + (" (interrupted)" if record.get("interrupted") else ""))
+
+
+def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
+    """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems."""
+    req = wpb.EvaluateRequest(
+        prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
+                               answer_style=p.answer_style or "boxed") for p in held_out],
+        samples=1,
+        sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=run.sampling.max_new_tokens,
+                                   seed=step_seed(run.seed, -1)),
+    )
+    return req.SerializeToString(deterministic=True)
+
+
+def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str, step: int,
+                prompts: int) -> dict[str, Any]:
+    """The metrics line of one held-out evaluation: per agent the worker's metrics or the error."""
+    agents: dict[str, Any] = {}
+    for node in nodes:
+        reply = replies[node.node_id]
+        name = node.name or reply.site.agent or f"node-{node.node_id}"
+        if reply.error or reply.timed_out or reply.site.evaluation is None:
+            agents[name] = {"error": reply.error or "timeout"}
+            continue
+        try:
+            res = wpb.EvaluateResponse.FromString(reply.site.evaluation)
+        except DecodeError:
+            agents[name] = {"error": "unreadable EvaluateResponse"}
+            continue
+        agents[name] = dict(res.metrics)
+        log.info("eval after step %d: %s %s", step, name, " ".join(f"{k}={v:.3f}" for k, v in sorted(res.metrics.items())))
+    return {"event": "eval", "run_id": run_id, "step": step, "prompts": prompts, "agents": agents}

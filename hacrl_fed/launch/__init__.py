@@ -1,0 +1,1 @@
+"""Process orchestration: the ``server``, ``client`` and ``simulate`` commands and the supervision of their processes."""

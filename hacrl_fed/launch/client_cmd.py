@@ -1,0 +1,229 @@
+"""``hacrl-fed client``: one site (ARCHITECTURE.md §1) — the agent worker plus a Flower SuperNode.
+
+1. resolve the site config (``--config client.toml`` and flags; paths relative to the current
+   directory), check it before anything starts (:func:`check_site`: the agent is in the roster,
+   the signing and node keys exist and match the roster, the model name resolves) and write it
+   to ``<output_dir>/<agent>/client.resolved.toml``;
+2. start the agent worker (``hacrl-fed worker``, loopback only; its progress lines — one per
+   trained step — are shown on the terminal) and wait until Health answers ready — or, with
+   ``--worker-address``, attach to a worker someone else runs (e.g. in a vLLM environment) and
+   only check its Health;
+3. start ``flower-supernode`` with TLS (``--root-certificates``) and SuperNode authentication
+   (``--auth-supernode-private-key``) or ``--insecure``, its own ClientApp API port, and the node
+   config ``agent-name=... worker-address=...`` the per-message ClientApp reads;
+4. supervise both: a SuperNode that exits (SuperLink not reachable yet, key not registered yet,
+   coordinator restarted) is restarted with backoff, and connection trouble is reported in plain
+   words (:class:`~hacrl_fed.site.watch.SupernodeWatcher`); if the worker exits, or on
+   SIGINT/SIGTERM, everything is stopped and the command exits.
+
+A site keeps running after a run ends (it cannot tell a finished run from a restarting
+coordinator); stop it with Ctrl-C. A restarted client resumes from the worker's latest checkpoint
+and rejoins the running run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import tomli_w
+
+from hacrl_fed.config import ClientConfig, ConfigError, absolute_path
+from hacrl_fed.launch import processes as launch
+from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, free_port
+from hacrl_fed.site.watch import SupernodeWatcher, worker_line_visible
+from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
+
+__all__ = ["check_site", "fill_site_layout", "resolve_client_config", "run_client"]
+
+log = logging.getLogger("hacrl_fed.client")
+
+
+def resolve_client_config(cfg: ClientConfig, base: str | Path | None = None) -> ClientConfig:
+    """A copy with every file path absolute (relative to ``base``, default the CWD)."""
+    b = Path(base or Path.cwd())
+    cfg = cfg.model_copy(deep=True)
+    agent = cfg.agent
+    agent.private_key, agent.roster = absolute_path(agent.private_key, b), absolute_path(agent.roster, b)
+    agent.checkpoint_dir = absolute_path(agent.checkpoint_dir, b)
+    cfg.root_certificates, cfg.node_key = absolute_path(cfg.root_certificates, b), absolute_path(cfg.node_key, b)
+    cfg.output_dir = absolute_path(cfg.output_dir, b)  # type: ignore[assignment]
+    model = agent.model
+    if model.name_or_path and (b / model.name_or_path).exists():
+        model.name_or_path = absolute_path(model.name_or_path, b)  # type: ignore[assignment]
+    model.cache_dir = absolute_path(model.cache_dir, b)
+    return cfg
+
+
+def fill_site_layout(cfg: ClientConfig, base: str | Path | None = None) -> ClientConfig:
+    """Fill unset key and certificate paths from the documented site layout under ``base`` (default
+    the CWD) when those files exist: ``keys/<agent>.ed25519.key``, ``keys/<agent>.node.key``
+    (``hacrl-fed keys gen --out keys``), ``roster.toml`` and ``ca.crt``. Returns a copy."""
+    b = Path(base or Path.cwd())
+    cfg = cfg.model_copy(deep=True)
+    name = cfg.agent.name
+    found = {"agent.private_key": b / "keys" / f"{name}.ed25519.key", "agent.roster": b / "roster.toml",
+             "node_key": b / "keys" / f"{name}.node.key", "root_certificates": b / "ca.crt"}
+    for key, path in found.items():
+        owner = cfg.agent if key.startswith("agent.") else cfg
+        field = key.removeprefix("agent.")
+        if getattr(owner, field) is None and path.is_file() and not (field == "root_certificates" and cfg.insecure):
+            setattr(owner, field, str(path))
+            log.info("using %s = %s", key, path)
+    return cfg
+
+
+def _preflight(cfg: ClientConfig) -> None:
+    if not cfg.insecure and not cfg.root_certificates:
+        raise ConfigError("TLS needs root_certificates (the coordinator's ca.crt, --root-certificates), "
+                          "or set insecure = true (loopback testing only)")
+    for what, path in (("root_certificates", cfg.root_certificates), ("node_key", cfg.node_key),
+                       ("agent.private_key", cfg.agent.private_key), ("agent.roster", cfg.agent.roster)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{what}: {path}: no such file")
+
+
+def _node_public_key(path: str) -> str:
+    """OpenSSH public form of a SuperNode private key file. Raises ConfigError."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_ssh_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as err:
+        raise ConfigError(f"node_key: {path}: not an unencrypted OpenSSH private key ({err})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"node_key: {path}: SuperNode authentication needs an EC key (`hacrl-fed keys gen`)")
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode("ascii")
+
+
+def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
+    """Check a resolved site config before anything starts or loads; raise ConfigError with one line.
+
+    Always: TLS material exists (unless ``insecure``), the node key exists and is an EC key
+    (unless ``insecure``). With a roster: the agent is listed, and the node key matches its
+    ``node_key`` entry. With ``own_worker`` (the client starts the worker): a roster and a signing
+    key are required, the signing key matches the roster's ``ed25519`` entry, and the model name
+    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading).
+    """
+    from hacrl_fed.protocol.keys import KeyFileError, Roster, RosterError, load_signing_key, public_key_b64
+
+    _preflight(cfg)
+    agent, name = cfg.agent, cfg.agent.name
+    layout = "run `hacrl-fed keys gen --name {0} --out keys` in this directory, or give {1}"
+    if own_worker and not agent.roster:
+        raise ConfigError("no roster: put the roster you received into roster.toml here, or set agent.roster")
+    try:
+        roster = Roster.load(agent.roster) if agent.roster else None
+        if roster is not None and name not in roster:
+            raise ConfigError(f"agent {name!r} is not in the roster {agent.roster} (it lists {', '.join(roster)}); "
+                              f"check --name, or ask the coordinator for the current roster")
+        if not cfg.insecure and not cfg.node_key:
+            raise ConfigError(f"no SuperNode key for {name!r}: " + layout.format(name, "--node-key / node_key"))
+        if own_worker and not agent.private_key:
+            raise ConfigError(f"no signing key for {name!r}: " + layout.format(name, "agent.private_key"))
+        if roster is not None and own_worker and public_key_b64(load_signing_key(agent.private_key)) != \
+                public_key_b64(roster.public_key(name)):
+            raise ConfigError(f"{agent.private_key} is not the signing key of {name!r} in {agent.roster}")
+    except (KeyFileError, RosterError) as err:
+        raise ConfigError(str(err)) from None
+    if cfg.node_key and not cfg.insecure:
+        public = _node_public_key(cfg.node_key)
+        if roster is not None and roster.node_key(name) and roster.node_key(name) != public:
+            raise ConfigError(f"{cfg.node_key} is not the SuperNode key of {name!r} in {agent.roster}")
+    if own_worker:
+        from hacrl_fed.worker.models import ModelLoadError, check_model_name
+
+        try:
+            check_model_name(agent.model.name_or_path, agent.model.gguf_file)
+        except ModelLoadError as err:
+            raise ConfigError(str(err)) from None
+
+
+def _worker_argv(config: Path, address: str, address_file: Path) -> list[str]:
+    return [sys.executable, "-m", "hacrl_fed.cli", "worker", "--config", str(config), "--address", address,
+            "--address-file", str(address_file)]
+
+
+def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int, env: dict[str, str],
+                    worker: ManagedProcess | None) -> int:
+    """Keep a SuperNode running while the worker lives; restart it with backoff when it exits
+    (SuperLink not up yet, key not registered yet, coordinator restarted). Returns 1 when the worker dies."""
+    watcher = SupernodeWatcher(cfg.superlink, cfg.node_key, lambda level, msg: log.log(level, "%s", msg))
+    log.info("connecting to the coordinator at %s as %r (SuperNode log: %s)", cfg.superlink, cfg.agent.name,
+             sup.log_dir / "supernode.log")
+    backoff = 1.0
+    while True:
+        node = launch.start_supernode(sup, "supernode", superlink=cfg.superlink, port=port,
+                                      node_config={"agent-name": cfg.agent.name, "worker-address": address}, env=env,
+                                      insecure=cfg.insecure, root_certificates=cfg.root_certificates,
+                                      node_key=cfg.node_key, on_line=watcher.feed)
+        started = time.monotonic()
+        while node.alive() and (worker is None or worker.alive()):
+            time.sleep(0.5)
+        if worker is not None and not worker.alive():
+            log.error("the worker exited with code %s; stopping the site (log: %s)\n%s", worker.returncode,
+                      worker.log_path, worker.tail())
+            return 1
+        code = node.returncode
+        sup.stop(node)
+        if time.monotonic() - started > 120:
+            backoff = 1.0
+        log.info("flower-supernode exited (%s); restarting it in %.0f s", watcher.exit_reason(code), backoff)
+        time.sleep(backoff)
+        backoff = min(2 * backoff, 30.0)
+
+
+def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: Path,
+                  timeout_s: float) -> tuple[ManagedProcess, str]:
+    """Start ``hacrl-fed worker``; its progress lines go to the terminal. Raises RuntimeError (one line
+    plus the log path) when it exits or is not healthy in time."""
+    log.info("starting the worker of %s: loading %s", cfg.agent.name, cfg.agent.model.name_or_path)
+    addr_file = site_dir / "worker.address"
+    try:
+        return launch.start_worker(sup, "worker", _worker_argv(resolved, cfg.agent.worker_address, addr_file),
+                                   address_file=addr_file, timeout_s=timeout_s, echo=sys.stdout,
+                                   echo_filter=worker_line_visible)
+    except RuntimeError as err:
+        first, _, rest = str(err).partition("\n")
+        errors = [line for line in rest.splitlines() if line.startswith("error: ")]
+        raise RuntimeError(f"{first.rstrip(':')}: {errors[-1].removeprefix('error: ')}" if errors else str(err)) from None
+
+
+def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: str | None = None,
+               worker_timeout_s: float = 900.0) -> int:
+    """Run the site until the worker exits or a signal arrives. Returns the exit code (0 after a signal).
+
+    ``cfg`` must be resolved (:func:`resolve_client_config`). ``port`` is the SuperNode's
+    ClientApp API port (default: a free one). Raises ConfigError (:func:`check_site`) before
+    anything starts; a worker that fails to start ends the client with a message and code 1.
+    """
+    check_site(cfg, own_worker=worker_address is None)
+    name = cfg.agent.name
+    site_dir = Path(cfg.output_dir) / name
+    site_dir.mkdir(parents=True, exist_ok=True)
+    resolved = site_dir / "client.resolved.toml"
+    resolved.write_text(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)), encoding="utf-8")
+    env = launch.flwr_env(site_dir / "flwr")
+    with Supervisor(site_dir / "logs") as sup:
+        sup.handle_signals()
+        try:
+            worker = None
+            if worker_address is None:
+                worker, address = _start_worker(sup, cfg, resolved, site_dir, worker_timeout_s)
+            else:
+                address = worker_address
+            health = wait_until_healthy(address, worker_timeout_s)
+            if health.agent_id != name:
+                raise ConfigError(f"the worker at {address} is agent {health.agent_id!r}, not {name!r}")
+            log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)
+            return _supernode_loop(sup, cfg, address, port or free_port(), env, worker)
+        except Shutdown as sig:
+            log.info("%s: stopping the site", sig)
+            return 0
+        except (RuntimeError, WorkerError) as err:
+            log.error("%s", err)
+            return 1

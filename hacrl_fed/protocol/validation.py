@@ -1,0 +1,217 @@
+"""Validation of the signed RolloutBatches the coordinator collects (ARCHITECTURE.md §2.3, §6).
+
+Every envelope an agent delivers goes through :func:`validate_envelope` before anything else
+touches it. The checks, in order, stop at the first failure and raise :class:`BatchRejected`
+with a stable :class:`Reason` code (metrics key) and a one-line detail (log line):
+
+1. size of the raw bytes ≤ ``max_bytes`` (before any parsing)          ``too_large``
+2. key id listed in the coordinator's roster                            ``unknown_agent``
+3. Ed25519 signature over the exact payload bytes                       ``bad_signature``
+4. payload parses as a RolloutBatch (protobuf; invalid UTF-8 fails)     ``malformed``
+5. signer == payload agent id == the agent this node speaks for         ``agent_mismatch``
+6. run id, then step (a replay from an earlier step fails here)         ``wrong_run``, ``wrong_step``
+7. content against the step's :class:`RoundPlan` (:func:`check_rollouts`): known prompt ids,
+   sample indices 0..G-1 with no duplicate and none missing, finite reward in [0, 1], finite
+   behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over ≥ 1 token, a known verdict and finish reason.
+
+:func:`check_rollouts` is the one content check of a batch: the coordinator runs it here, and every
+learner site runs it again on each peer batch of the pool it trains on
+(:class:`hacrl_fed.worker.trainer.Trainer`), so a coordinator that pools a bad batch cannot make a
+site train on it.
+
+A batch is accepted or rejected as a whole: it is re-broadcast as the exact signed bytes, so a
+partly bad batch cannot be trimmed, and HACPO's groups need every agent's G samples per prompt.
+Steps 1–6 are :func:`hacrl_fed.protocol.envelope.open_envelope`. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from hacrl_fed.protocol.envelope import (
+    AgentKeyMismatchError,
+    BadSignatureError,
+    EnvelopeError,
+    MalformedPayloadError,
+    PayloadTooLargeError,
+    StaleStepError,
+    UnknownKeyError,
+    WrongRunError,
+    open_envelope,
+)
+from hacrl_fed.v1.rollout_pb2 import FinishReason, RolloutBatch, RoundPlan, Verdict
+
+__all__ = ["LOGPROB_TOLERANCE", "AcceptedBatch", "BatchRejected", "Reason", "check_rollouts", "validate_envelope"]
+
+
+class Reason(enum.StrEnum):
+    """Why a delivery was not pooled. The value is the metrics key (``reject_reasons``)."""
+
+    TOO_LARGE = "too_large"
+    UNKNOWN_AGENT = "unknown_agent"
+    BAD_SIGNATURE = "bad_signature"
+    MALFORMED = "malformed"
+    AGENT_MISMATCH = "agent_mismatch"
+    WRONG_RUN = "wrong_run"
+    WRONG_STEP = "wrong_step"
+    UNKNOWN_PROMPT = "unknown_prompt"
+    BAD_SAMPLE_INDEX = "bad_sample_index"
+    DUPLICATE_SAMPLE = "duplicate_sample"
+    MISSING_SAMPLE = "missing_sample"
+    BAD_REWARD = "bad_reward"
+    BAD_LOGPROB = "bad_logprob"
+    BAD_TOKEN_COUNT = "bad_token_count"
+    BAD_VERDICT = "bad_verdict"
+    BAD_FINISH_REASON = "bad_finish_reason"
+    DUPLICATE_AGENT = "duplicate_agent"
+    """A second delivery for an agent already accepted at this step (two nodes, one identity)."""
+    NO_ENVELOPE = "no_envelope"
+    """The reply carried no (or an unreadable) envelope record."""
+    NODE_ERROR = "node_error"
+    """The node answered with an error (worker failure, dropout detected by Flower)."""
+    TIMEOUT = "timeout"
+    """No reply before the phase deadline."""
+
+
+_ENVELOPE_REASONS: tuple[tuple[type[EnvelopeError], Reason], ...] = (
+    (PayloadTooLargeError, Reason.TOO_LARGE),
+    (UnknownKeyError, Reason.UNKNOWN_AGENT),
+    (BadSignatureError, Reason.BAD_SIGNATURE),
+    (MalformedPayloadError, Reason.MALFORMED),
+    (AgentKeyMismatchError, Reason.AGENT_MISMATCH),
+    (WrongRunError, Reason.WRONG_RUN),
+    (StaleStepError, Reason.WRONG_STEP),
+)
+_VERDICTS = frozenset({Verdict.CORRECT, Verdict.INCORRECT, Verdict.VERIFIER_ERROR})
+_FINISH_REASONS = frozenset({FinishReason.STOP, FinishReason.LENGTH})
+_MAX_EXAMPLES = 3
+LOGPROB_TOLERANCE = 1e-4
+"""A behaviour log-prob sum may exceed 0 by float rounding up to this much (nats); the sites use the same."""
+
+
+class BatchRejected(Exception):
+    """A delivery was rejected. ``reason`` is the metrics code, ``str(self)`` the log detail.
+
+    ``rows`` is the number of rollouts in the rejected batch when it could be parsed, else the
+    number the plan asked for (B·G).
+    """
+
+    def __init__(self, reason: Reason, detail: str, *, rows: int = 0) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.rows = rows
+
+
+@dataclass(frozen=True)
+class AcceptedBatch:
+    """A batch that passed every check; ``envelope`` are the exact bytes to re-broadcast."""
+
+    agent: str
+    batch: RolloutBatch
+    envelope: bytes
+
+
+def _examples(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_EXAMPLES])
+    return shown + (f" (+{len(items) - _MAX_EXAMPLES} more)" if len(items) > _MAX_EXAMPLES else "")
+
+
+def eos_logprob_ok(r) -> bool:
+    """A set ``behaviour_eos_logprob`` is finite, ≤ 0, part of the sum (sum ≤ it) and belongs to a STOP response."""
+    e = r.behaviour_eos_logprob
+    return (math.isfinite(e) and e <= LOGPROB_TOLERANCE and r.finish_reason == FinishReason.STOP
+            and r.behaviour_logprob_sum <= e + LOGPROB_TOLERANCE)
+
+
+def _row_problem(r, samples_per_prompt: int) -> Reason | None:
+    """The first problem of one rollout's numbers and enums, or None."""
+    if r.sample_index >= samples_per_prompt:
+        return Reason.BAD_SAMPLE_INDEX
+    if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
+        return Reason.BAD_REWARD
+    if not (math.isfinite(r.behaviour_logprob_sum) and r.behaviour_logprob_sum <= LOGPROB_TOLERANCE):
+        return Reason.BAD_LOGPROB
+    if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
+        return Reason.BAD_LOGPROB
+    if r.behaviour_token_count < 1:
+        return Reason.BAD_TOKEN_COUNT
+    if r.verdict not in _VERDICTS:
+        return Reason.BAD_VERDICT
+    if r.finish_reason not in _FINISH_REASONS:
+        return Reason.BAD_FINISH_REASON
+    return None
+
+
+def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per_prompt: int) -> None:
+    """Check a parsed batch's rollouts against the step's plan (step 7 of the module docstring).
+
+    Expects exactly G = ``samples_per_prompt`` rollouts for every one of ``prompt_ids`` (the plan's
+    prompts), with sample indices 0..G-1. Raises :class:`BatchRejected` with the first failing
+    check's reason; the detail names up to three offending rows as ``prompt_id#sample_index``.
+    """
+    rows = len(batch.rollouts)
+    g = samples_per_prompt
+    known = set(prompt_ids)
+    unknown = [repr(r.prompt_id[:40]) for r in batch.rollouts if r.prompt_id not in known]
+    if unknown:
+        raise BatchRejected(Reason.UNKNOWN_PROMPT, f"rollouts for prompt ids not in the plan: {_examples(unknown)}",
+                            rows=rows)
+    bad: dict[Reason, list[str]] = {}
+    for r in batch.rollouts:
+        problem = _row_problem(r, g)
+        if problem is not None:
+            bad.setdefault(problem, []).append(
+                f"{r.prompt_id}#{r.sample_index} (reward={r.reward!r}, logprob_sum={r.behaviour_logprob_sum!r}, "
+                f"tokens={r.behaviour_token_count}, verdict={r.verdict}, finish={r.finish_reason})")
+    for reason in (Reason.BAD_SAMPLE_INDEX, Reason.BAD_REWARD, Reason.BAD_LOGPROB, Reason.BAD_TOKEN_COUNT,
+                   Reason.BAD_VERDICT, Reason.BAD_FINISH_REASON):
+        if reason in bad:
+            raise BatchRejected(reason, f"{len(bad[reason])} invalid rollout(s): {_examples(bad[reason])}", rows=rows)
+    counts = Counter((r.prompt_id, r.sample_index) for r in batch.rollouts)
+    dupes = sorted(f"{p}#{i}" for (p, i), n in counts.items() if n > 1)
+    if dupes:
+        raise BatchRejected(Reason.DUPLICATE_SAMPLE, f"sample indices delivered twice: {_examples(dupes)}", rows=rows)
+    missing = sorted(f"{p}#{i}" for p in known for i in range(g) if (p, i) not in counts)
+    if missing:
+        raise BatchRejected(Reason.MISSING_SAMPLE,
+                            f"{len(missing)} of {len(known) * g} rollouts missing: {_examples(missing)}",
+                            rows=rows)
+
+
+def validate_envelope(
+    raw: bytes,
+    roster: Mapping[str, Ed25519PublicKey],
+    plan: RoundPlan,
+    *,
+    expected_agent: str | None,
+    max_bytes: int,
+) -> AcceptedBatch:
+    """Run every check of the module docstring on one delivered envelope.
+
+    Args:
+        raw: serialized ``SignedEnvelope`` exactly as received.
+        roster: the coordinator's own agent → Ed25519 public key mapping (out of band).
+        plan: the step's RoundPlan (run id, step, prompts, G).
+        expected_agent: the agent the delivering node speaks for (registration name or the
+            name it reported), or None when unknown; the signer must match it.
+        max_bytes: cap of the RolloutBatch payload (``RunConfig.max_batch_bytes``).
+
+    Returns the accepted batch. Raises :class:`BatchRejected`; never anything else for bad bytes.
+    """
+    owed = len(plan.prompts) * plan.samples_per_prompt
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise BatchRejected(Reason.NO_ENVELOPE, f"expected envelope bytes, got {type(raw).__name__}", rows=owed)
+    try:
+        batch = open_envelope(bytes(raw), roster, run_id=plan.run_id, step=plan.step,
+                              agent_id=expected_agent, max_bytes=max_bytes)
+    except EnvelopeError as err:
+        reason = next((code for cls, code in _ENVELOPE_REASONS if isinstance(err, cls)), Reason.MALFORMED)
+        raise BatchRejected(reason, str(err), rows=owed) from None
+    check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt)
+    return AcceptedBatch(agent=batch.agent_id, batch=batch, envelope=bytes(raw))

@@ -1,0 +1,1 @@
+"""What a run shows its operator: the run report (``report.md``, ``report.json``, ``plot.png``) and the progress view."""

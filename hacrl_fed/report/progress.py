@@ -1,0 +1,145 @@
+"""Console view of ``hacrl-fed simulate``: a rich progress display fed by the coordinator's metrics lines.
+
+:class:`SimulationView` shows model loading per agent, the held-out evaluations, and one bar over
+the run's steps; every finished step prints one line (per agent: rollout accuracy, capability P̂,
+capability ratios r_{j→k} it trained with, wire bytes), so the scroll-back is the run's log.
+It reads nothing itself: :mod:`hacrl_fed.launch.simulate` calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from hacrl_fed.config import SimulateConfig
+from hacrl_fed.report.formats import format_bytes
+
+__all__ = ["SimulationView", "step_line"]
+
+
+def _num(x: Any, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def step_line(rec: dict[str, Any], steps: int) -> str:
+    """One line for a finished step record (``event = "step"`` of ``metrics.jsonl``)."""
+    parts = [f"step {rec['step']}/{steps}", f"{rec['timing'].get('step_s', 0.0):.0f} s"]
+    if not rec.get("trained"):
+        parts.append("SKIPPED")
+    if rec.get("interrupted"):
+        parts.append("INTERRUPTED (the coordinator restarted during its train phase; counted as done)")
+    for name, a in rec["agents"].items():
+        ratios = " ".join(f"r({src}→{name}) {_num(m.get('capability_ratio'))}"
+                          for src, m in sorted(a.get("per_source", {}).items()) if src != name)
+        wire = format_bytes((a.get("bytes_in") or 0) + (a.get("bytes_out") or 0))
+        status = "" if a.get("status") == "trained" else f" [{a.get('status')}: {a.get('reason')}]"
+        parts.append(f"{name} acc {_num(a.get('accuracy'))} P̂ {_num(a.get('capability'))} {ratios} "
+                     f"wire {wire}{status}".replace("  ", " "))
+    return " | ".join(parts)
+
+
+class SimulationView:
+    """Progress display of one simulated run (a context manager; ``enabled=False`` prints lines only)."""
+
+    def __init__(self, cfg: SimulateConfig, run_dir: Path, *, console: Console | None = None,
+                 enabled: bool = True) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.console = console or Console()
+        self.steps = cfg.run.steps
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> SimulationView:
+        self.console.print(self._header())
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def _header(self) -> Table:
+        run = self.cfg.run
+        table = Table(title=f"hacrl-fed simulate → {self.run_dir}", title_justify="left")
+        for col in ("agent", "model", "device", "algo", "lr", "max resp tokens"):
+            table.add_column(col)
+        for a in self.cfg.agents:
+            table.add_row(a.name, a.model.name_or_path, a.model.device, a.algo.name, f"{a.optim.lr:g}",
+                          str(a.model.max_response_tokens))
+        table.caption = (f"{run.steps} steps · B={run.prompts_per_step} prompts × G={run.samples_per_prompt} samples · "
+                         f"max_new_tokens {run.sampling.max_new_tokens} · T={run.sampling.temperature:g} · data "
+                         f"{run.data.source} ({run.data.eval_size} held out) · {'TLS' if self.cfg.tls else 'insecure'} loopback")
+        return table
+
+    def _task(self, key: str, description: str, total: float | None = None, completed: float = 0) -> None:
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(description, total=total, completed=completed)
+
+    def _done(self, key: str, description: str | None = None) -> None:
+        if key in self.tasks:
+            kw = {"description": description} if description else {}
+            self.progress.update(self.tasks[key], total=1, completed=1, **kw)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text)
+
+    def loading(self, name: str, device: str, model: str) -> None:
+        self._task(f"load/{name}", f"loading {name}: {model} on {device}")
+
+    def loaded(self, name: str, seconds: float) -> None:
+        self._done(f"load/{name}")
+        self.message(f"{name} ready after {seconds:.0f} s")
+
+    def exporting(self, name: str) -> None:
+        self._task(f"export/{name}", f"exporting {name} (Hugging Face directory)")
+
+    def exported(self, name: str, path: str) -> None:
+        self._done(f"export/{name}")
+        self.message(f"{name} exported to {path}")
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """One metrics line of the coordinator."""
+        event = rec.get("event")
+        if event in ("run_start", "resume") and rec.get("step", 0) == 0:
+            self._task("eval/0", "held-out evaluation before training")
+        elif event == "resume":
+            self._task("steps", "steps", total=self.steps, completed=rec.get("step", 0))
+        elif event == "eval":
+            self._eval(rec)
+        elif event == "step":
+            self._task("steps", "steps", total=self.steps)
+            self.progress.update(self.tasks["steps"], completed=rec["step"])
+            self.message(step_line(rec, self.steps))
+            if rec["step"] >= self.steps:
+                self._task("eval/end", "held-out evaluation after training")
+
+    def _eval(self, rec: dict[str, Any]) -> None:
+        step = rec["step"]
+        key = "eval/0" if step == 0 else "eval/end" if step >= self.steps else f"eval/{step}"
+        self._done(key)
+        accs = " | ".join(f"{n} {m['error']}" if "error" in m else f"{n} {_num(m.get('avg@1'), '.3f')}"
+                          for n, m in sorted(rec.get("agents", {}).items()))
+        self.message(f"held-out accuracy after step {step} ({rec.get('prompts', 0)} problems, greedy, "
+                     f"{rec.get('eval_s', 0):.0f} s): {accs}")
+        if step < self.steps:
+            self._task("steps", "steps", total=self.steps, completed=step)
+
+    def summary(self, report: dict[str, Any]) -> None:
+        """Print the report's summary table and where the files are."""
+        from hacrl_fed.report.run_report import summary_table
+
+        self.console.print(summary_table(report))
+        self.console.print(f"report: {self.run_dir / 'report.md'} (+ report.json, plot.png)")

@@ -1,0 +1,314 @@
+"""The report of a simulated run: ``report.json``, ``report.md`` and ``plot.png`` in the run directory.
+
+Built from the coordinator's ``metrics.jsonl`` (:mod:`hacrl_fed.coordinator.step_record`) plus what
+the simulation measured around it (phase times, model load times, peak RSS, export directories).
+Per agent it gives the held-out accuracy before and after training (greedy avg@1, the worker's
+Evaluate RPC), the rollout-accuracy, capability P̂ and capability-ratio r_{j→k} curves, the
+cross-agent importance-ratio and clip statistics per source, and the wire bytes per step next to
+the size of the model's weights (what one FedAvg exchange would move).
+
+Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` → ``steps[].agents``):
+
+* ``accuracy``: fraction of k's rollouts the coordinator verified correct.
+* ``capability``: P̂_k, mean of k's last K per-step accuracies (hacpo-spec Eq. 9).
+* ``ratios[j]``: r_{j→k} = clip(P̂_j / P̂_k) the learner trained with (Eq. 10; 1 during warm-up).
+* ``cross[j].s_mean`` / ``s_min`` / ``s_max``: cross importance ratio s = exp(mean log π_k − mean log π_j,old)
+  of j's rows under k before clipping (Eq. 11).
+* ``cross[j].clip_low`` / ``clip_high``: fraction of j's rows with s below l_m / above 1 (Eqs. 13–14).
+* ``wire_bytes``: bytes of k's orders and replies on the Flower wire in that step (both phases).
+* ``weight_bytes`` (per agent): size of the exported ``*.safetensors``; ``weights_per_wire`` = weight_bytes
+  / mean wire bytes per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_report", "plot_report", "read_metrics", "render_markdown", "summary_table", "write_report"]
+
+_CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every JSON line of ``metrics.jsonl`` (blank lines skipped). Raises OSError, ValueError."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _weight_bytes(export_dir: str | None) -> int | None:
+    if not export_dir or not Path(export_dir).is_dir():
+        return None
+    return sum(p.stat().st_size for p in Path(export_dir).glob("*.safetensors")) or None
+
+
+def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
+    agents = {}
+    for name, a in rec.get("agents", {}).items():
+        per_source = a.get("per_source") or {}
+        train, gen = a.get("train") or {}, a.get("generate") or {}
+        agents[name] = {
+            "status": a.get("status"), "accuracy": a.get("accuracy"), "capability": a.get("capability"),
+            "ratios": {j: m.get("capability_ratio") for j, m in sorted(per_source.items()) if j != name},
+            "cross": {j: {k: m.get(k) for k in _CROSS_KEYS} for j, m in sorted(per_source.items()) if j != name},
+            "cross_lower_bound_first": train.get("cross_lower_bound_first"),
+            "cross_lower_bound_last": train.get("cross_lower_bound_last"),
+            "zero_variance_group_frac": train.get("zero_variance_group_frac"),
+            "wire_bytes": (a.get("bytes_in") or 0) + (a.get("bytes_out") or 0),
+            "generate_s": a.get("generate_s"), "train_s": a.get("train_s"),
+            "rss_bytes": max([x for x in (gen.get("rss_bytes"), train.get("rss_bytes")) if x is not None], default=None),
+            "reward_disagreements": a.get("reward_disagreements"),
+        }
+    return {"step": rec["step"], "trained": rec.get("trained"), "interrupted": bool(rec.get("interrupted")),
+            "timing": rec.get("timing", {}), "agents": agents}
+
+
+def _evals(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{"step": r["step"], "eval_s": r.get("eval_s"), "prompts": r.get("prompts"),
+             "agents": {n: m.get("avg@1") for n, m in r.get("agents", {}).items()},
+             "errors": {n: m["error"] for n, m in r.get("agents", {}).items() if "error" in m}}
+            for r in records if r.get("event") == "eval"]
+
+
+def _phases(steps: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any]],
+            measured: Mapping[str, float]) -> dict[str, float | None]:
+    def total(key: str) -> float:
+        return sum(s["timing"].get(key) or 0.0 for s in steps)
+
+    out: dict[str, float | None] = dict(measured)
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    out["eval_before_s"] = first.get("eval_s") if first.get("step") == 0 else None
+    out["eval_after_s"] = last.get("eval_s") if len(evals) > 1 or last.get("step", 0) > 0 else None
+    out["steps_s"] = total("step_s")
+    for key in ("generate_s", "validate_s", "verify_s", "train_s", "worker_generate_s", "worker_train_s", "overhead_s"):
+        out[f"steps.{key}"] = total(key)
+    if "run_s" in measured:
+        evals_s = sum(e.get("eval_s") or 0.0 for e in evals)
+        out["run_other_s"] = max(0.0, measured["run_s"] - out["steps_s"] - evals_s)
+    return out
+
+
+def _agent_summary(name: str, info: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
+                   evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    mine = [s["agents"][name] for s in steps if name in s["agents"]]
+    wire = _mean([m["wire_bytes"] for m in mine])
+    weights = _weight_bytes(info.get("export_dir"))  # type: ignore[arg-type]
+    before = evals[0]["agents"].get(name) if evals and evals[0]["step"] == 0 else None
+    after = evals[-1]["agents"].get(name) if evals and evals[-1]["step"] > 0 else None
+    rss = [m["rss_bytes"] for m in mine if m["rss_bytes"] is not None]
+    return {
+        **{k: info.get(k) for k in ("model", "device", "load_s", "export_dir", "export_error", "peak_rss_bytes")},
+        "accuracy_before": before, "accuracy_after": after,
+        "accuracy_delta": after - before if before is not None and after is not None else None,
+        "steps_trained": sum(m["status"] == "trained" for m in mine),
+        "final_capability": next((m["capability"] for m in reversed(mine) if m["capability"] is not None), None),
+        "wire_bytes_per_step": wire, "weight_bytes": weights,
+        "weights_per_wire": weights / wire if weights and wire else None,
+        "max_step_rss_bytes": max(rss, default=None),
+        "generate_s_mean": _mean([m["generate_s"] for m in mine]), "train_s_mean": _mean([m["train_s"] for m in mine]),
+    }
+
+
+def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, phases: Mapping[str, float],
+                 agents: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The report as plain JSON types (pure: no I/O except the sizes of exported weight files)."""
+    steps = [_step_entry(r) for r in records if r.get("event") == "step"]
+    evals = _evals(records)
+    end = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
+    names = sorted(set(agents) | {n for s in steps for n in s["agents"]})
+    return {
+        "run_id": end.get("run_id") or next((r.get("run_id") for r in records if r.get("run_id")), None),
+        "run_dir": str(run_dir), "steps_done": end.get("steps", len(steps)),
+        "skipped_steps": end.get("skipped_steps"), "overhead_frac": end.get("overhead_frac"),
+        "phases": _phases(steps, evals, phases),
+        "agents": {n: _agent_summary(n, agents.get(n, {}), steps, evals) for n in names},
+        "evals": evals, "steps": steps,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _size(x: float | None) -> str:
+    from hacrl_fed.report.formats import format_bytes
+
+    return format_bytes(x)
+
+
+def _f(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+SUMMARY_COLUMNS = ("agent", "model", "device", "held-out before", "after", "Δ", "final P̂", "wire / step",
+                   "weights", "weights / wire", "peak RSS", "load s")
+
+
+def _summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, a in report["agents"].items():
+        delta = a["accuracy_delta"]
+        rows.append([name, str(a.get("model")), str(a.get("device")), _pct(a["accuracy_before"]),
+                     _pct(a["accuracy_after"]), "-" if delta is None else f"{100 * delta:+.1f} pt",
+                     _f(a["final_capability"], ".3f"), _size(a["wire_bytes_per_step"]), _size(a["weight_bytes"]),
+                     _f(a["weights_per_wire"], ",.0f") + ("×" if a["weights_per_wire"] else ""),
+                     _size(a.get("peak_rss_bytes")), _f(a.get("load_s"), ".0f")])
+    return rows
+
+
+def summary_table(report: Mapping[str, Any]):
+    """A rich Table with one row per agent (the table the CLI prints at the end; fits 80 columns)."""
+    from rich import box
+    from rich.table import Table
+
+    phases = report["phases"]
+    table = Table(title=f"run {report['run_id']}: {report['steps_done']} steps, {_f(phases.get('total_s'), '.0f')} s in all",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for i, col in enumerate(("agent", "before", "after", "Δ pt", "P̂", "wire/step", "weights", "ratio", "peak RSS")):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for name, a in report["agents"].items():
+        delta = a["accuracy_delta"]
+        table.add_row(name, _pct(a["accuracy_before"]), _pct(a["accuracy_after"]),
+                      "-" if delta is None else f"{100 * delta:+.1f}", _f(a["final_capability"], ".3f"),
+                      _size(a["wire_bytes_per_step"]), _size(a["weight_bytes"]),
+                      _f(a["weights_per_wire"], ",.0f") + ("×" if a["weights_per_wire"] else ""),
+                      _size(a.get("peak_rss_bytes")))
+    return table
+
+
+PHASES = {
+    "setup_s": "run directory, keys, configs, import check",
+    "load_models_s": "start the workers until every model is loaded (in parallel; SuperLink starts meanwhile)",
+    "flower_start_s": "start the SuperNodes",
+    "run_s": "`flwr run`: ServerApp start, evaluations and steps",
+    "export_s": "Checkpoint EXPORT of every model",
+    "total_s": "wall time of the command (without writing this report)",
+    "eval_before_s": "held-out evaluation before training (coordinator view, all agents in parallel)",
+    "eval_after_s": "held-out evaluation after training",
+    "steps_s": "all training steps",
+    "steps.generate_s": "coordinator's generate phase (a train order may also carry the next step's plan: "
+                        "then that generation is in the train phase)",
+    "steps.validate_s": "signature and schema validation at the coordinator",
+    "steps.verify_s": "coordinator re-verification of every reward",
+    "steps.train_s": "coordinator's train phase (all agents in parallel)",
+    "steps.worker_generate_s": "generation + scoring + verification in the slowest worker (worker clock)",
+    "steps.worker_train_s": "HACPO update in the slowest worker (worker clock)",
+    "steps.overhead_s": "step time not spent in the slowest worker's generate/train or in re-verification",
+    "run_other_s": "rest of the run: ServerApp start, waiting for nodes, Flower messaging outside the phases",
+}
+"""What each phase key of ``report.json`` ``phases`` measures (seconds)."""
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def _md_steps(report: Mapping[str, Any]) -> list[str]:
+    names = list(report["agents"])
+    header = ["step", "step s", *(f"{n} acc / P̂" for n in names), "r(j→k)", "cross s mean (clip low/high)"]
+    rows = []
+    for s in report["steps"]:
+        ratios, cross = [], []
+        for k, a in s["agents"].items():
+            ratios += [f"{j}→{k} {_f(r, '.2f')}" for j, r in a["ratios"].items()]
+            cross += [f"{j}→{k} {_f(c['s_mean'], '.3f')} ({_pct(c['clip_low'])}/{_pct(c['clip_high'])})"
+                      for j, c in a["cross"].items()]
+        accs = [f"{_pct(s['agents'][n]['accuracy'])} / {_f(s['agents'][n]['capability'], '.3f')}"
+                if n in s["agents"] else "-" for n in names]
+        rows.append([str(s["step"]), _f(s["timing"].get("step_s"), ".0f"), *accs, ", ".join(ratios) or "-",
+                     ", ".join(cross) or "-"])
+    return _md_table(header, rows)
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """``report.md``: summary, per-step curves as a table, where the time went, exported models."""
+    lines = [f"# hacrl-fed simulate: {report['run_id']}", "",
+             f"{report['steps_done']} steps ({report['skipped_steps'] or 0} skipped); run directory `{report['run_dir']}`.",
+             "Held-out accuracy: greedy avg@1 through each worker's Evaluate RPC, before the first and after the last step.",
+             "", "## Agents", ""]
+    lines += _md_table(SUMMARY_COLUMNS, _summary_rows(report))
+    lines += ["Wire bytes: each agent's orders and replies on the Flower wire per step (generate + train); weights:",
+              "its exported safetensors, what one FedAvg exchange would move.", "", "## Steps", ""]
+    lines += _md_steps(report)
+    lines += ["## Where the time went", ""]
+    lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
+    lines += ["## Exported models", "", "Plain Hugging Face directories (`AutoModelForCausalLM.from_pretrained(dir)`):", ""]
+    lines += [f"* {n}: `{a['export_dir']}`" if a.get("export_dir") else f"* {n}: not exported ({a.get('export_error') or 'the run did not complete'})"
+              for n, a in report["agents"].items()]
+    lines += ["", "![curves](plot.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
+    """``plot.png``: rollout accuracy (+ held-out before/after), P̂, r_{j→k}, cross ratio, clip fraction, wire bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(2, 3, figsize=(15, 8))
+    steps = report["steps"]
+    for name, summary in report["agents"].items():
+        xs = [s["step"] for s in steps if name in s["agents"]]
+        mine = [s["agents"][name] for s in steps if name in s["agents"]]
+        line = ax[0, 0].plot(xs, [m["accuracy"] for m in mine], marker="o", label=f"{name} rollouts")[0]
+        held = [(e["step"], e["agents"].get(name)) for e in report["evals"] if e["agents"].get(name) is not None]
+        if held:
+            ax[0, 0].plot(*zip(*held), ls="--", marker="s", color=line.get_color(), label=f"{name} held-out")
+        ax[0, 1].plot(xs, [m["capability"] for m in mine], marker="o", label=name)
+        ax[1, 2].plot(xs, [m["wire_bytes"] for m in mine], marker="o", color=line.get_color(), label=f"{name} wire/step")
+        if summary["weight_bytes"]:
+            ax[1, 2].axhline(summary["weight_bytes"], ls="--", color=line.get_color(), label=f"{name} weights")
+        for j in sorted({j for m in mine for j in m["ratios"]}):
+            pts = [(x, m) for x, m in zip(xs, mine) if j in m["ratios"]]
+            ax[0, 2].plot([x for x, _ in pts], [m["ratios"][j] for _, m in pts], marker="o", label=f"r({j}→{name})")
+            ax[1, 0].plot([x for x, _ in pts], [m["cross"][j]["s_mean"] for _, m in pts], marker="o", label=f"{j}→{name}")
+            ax[1, 1].plot([x for x, _ in pts], [(m["cross"][j]["clip_low"] or 0) + (m["cross"][j]["clip_high"] or 0)
+                                                for _, m in pts], marker="o", label=f"{j}→{name}")
+    titles = ["accuracy (rollouts; held-out greedy dashed)", "capability P̂", "capability ratio r(j→k)",
+              "cross importance ratio s (mean)", "cross rows clipped (fraction)", "bytes per step vs weights"]
+    for a, title in zip(ax.flat, titles):
+        a.set_title(title)
+        a.set_xlabel("step")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if a.has_data():
+            a.legend(fontsize=7)
+    for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
+        a.set_ylim(-0.03, 1.03)
+    ax[1, 2].set_yscale("log")
+    if ax[0, 2].has_data():
+        ax[0, 2].set_yscale("log")  # r(j→k) is clipped to [0.1, 10] by default: symmetric on a log axis
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_report(run_dir: str | Path, *, phases: Mapping[str, float],
+                 agents: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Read ``<run_dir>/metrics.jsonl``; write ``report.json``, ``report.md`` and ``plot.png``. Returns the report."""
+    d = Path(run_dir)
+    report = build_report(read_metrics(d / "metrics.jsonl"), run_dir=d, phases=phases, agents=agents)
+    plot_report(report, d / "plot.png")
+    _atomic_text(d / "report.json", json.dumps(report, indent=1))
+    _atomic_text(d / "report.md", render_markdown(report))
+    return report

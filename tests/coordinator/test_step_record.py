@@ -1,0 +1,59 @@
+"""Collecting a step's batches: every node's reply is accounted for (accepted, rejected with a reason,
+error, timeout), and an agent's label comes from its verified signer, never from a claimed name."""
+
+from __future__ import annotations
+
+from hacrl_fed.coordinator.rounds import Node, Reply
+from hacrl_fed.coordinator.step_record import collect_batches
+from hacrl_fed.protocol.site_reply import SiteReply
+from hostile import HOSTILE, envelope_bytes, honest_batch
+
+MAX_BYTES = 64 * 1024
+
+
+def test_collect_accounts_for_every_reply(federation, plan):
+    """Accepted, rejected, error, timeout, duplicate identity and name mismatch — one entry per node."""
+    p = plan()
+    good = {a: envelope_bytes(honest_batch(p, a), federation.keys[a].own) for a in ("alice", "bob")}
+    nodes = [Node(1, "alice"), Node(2, "bob"), Node(3, "mallory"), Node(4, "carol"), Node(5, ""), Node(6, ""),
+             Node(7, "")]
+    bad, _ = HOSTILE["nan_reward"]
+    def delivered(agent, envelope):
+        return SiteReply(agent=agent, envelope=envelope)
+
+    replies = {
+        1: Reply(1, delivered("alice", good["alice"]), bytes_in=100, bytes_out=50),
+        2: Reply(2, delivered("bob", good["bob"])),
+        3: Reply(3, delivered("mallory", bad(p, "mallory", federation.keys["mallory"], MAX_BYTES))),
+        4: Reply(4, timed_out=True),
+        5: Reply(5, delivered("bob", good["bob"])),  # a second node delivering bob's batch
+        6: Reply(6, error="error 1001: worker down"),
+        7: Reply(7, delivered("alice", good["bob"])),  # says alice, signed by bob
+    }
+    accepted, agents = collect_batches(nodes, replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=9)
+    assert sorted(a.agent for a in accepted) == ["alice", "bob"]
+    status = {name: (a.status, a.reason) for name, a in agents.items()}
+    assert status["alice"] == ("accepted", "")
+    assert status["bob"] == ("accepted", "")
+    assert status["mallory"] == ("rejected", "bad_reward")
+    assert status["carol"] == ("timeout", "timeout")
+    assert status["bob@5"] == ("rejected", "duplicate_agent")
+    assert status["node-6"] == ("error", "node_error")
+    assert status["alice@7"] == ("rejected", "agent_mismatch")
+    assert agents["alice"].rows_accepted == 6 and agents["alice"].bytes_in == 100
+    assert agents["mallory"].rows_rejected == 6
+
+
+def test_registered_name_must_match_reported_name(federation, plan):
+    p = plan()
+    raw = envelope_bytes(honest_batch(p, "alice"), federation.keys["alice"].own)
+    _, agents = collect_batches([Node(1, "alice")], {1: Reply(1, SiteReply(agent="bob", envelope=raw))}, federation.roster, p,
+                                max_bytes=MAX_BYTES, timeout_s=1)
+    assert agents["alice"].reason == "agent_mismatch"
+
+
+def test_reported_names_that_are_not_agent_names_are_not_used_as_labels(federation, plan):
+    p = plan()
+    replies = {9: Reply(9, SiteReply(agent="x" * 500, envelope=b"junk"))}
+    _, agents = collect_batches([Node(9, "")], replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=1)
+    assert list(agents) == ["node-9"] and agents["node-9"].reason == "malformed"

@@ -1,0 +1,126 @@
+"""The ClientApp courier against a real gRPC worker in this process, and the message records."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+
+from fake_worker import FakeWorker, serve
+from hacrl_fed.flower import client_app, records
+from hacrl_fed.v1 import rollout_pb2 as pb
+from hacrl_fed.v1 import worker_pb2 as wpb
+
+
+def message(content: RecordDict, message_type: str, ttl: float = 30.0) -> Message:
+    md = Metadata(run_id=1, message_id="m1", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="g",
+                  created_at=time.time(), ttl=ttl, message_type=message_type)
+    return Message(content=content, metadata=md)
+
+
+def context(address: str, agent: str = "alice") -> Context:
+    return Context(run_id=1, node_id=7, node_config={"agent-name": agent, "worker-address": address},
+                   state=RecordDict(), run_config={})
+
+
+@pytest.fixture
+def worker(federation):
+    w = FakeWorker("alice", federation.keys["alice"])
+    server, address = serve(w)
+    yield w, address
+    server.stop(grace=0)
+
+
+def test_generate_and_train_are_forwarded_to_the_worker(worker, plan):
+    w, address = worker
+    p = plan(step=2)
+    reply = client_app.generate(message(records.generate_order(p.SerializeToString()), records.MSG_GENERATE),
+                                context(address))
+    assert not reply.has_error()
+    site = records.read_reply(reply.content)
+    assert site.agent == "alice" and site.metrics["time/generate_s"] == 0.001 and site.metrics["courier/worker_s"] > 0
+    assert pb.RolloutBatch.FromString(pb.SignedEnvelope.FromString(site.envelope).payload).step == 2
+    assert site.report is None and site.version
+
+    table = pb.CapabilityTable(run_id=p.run_id, step=2, corrections=[pb.RewardCorrection(agent_id="bob")])
+    order = records.train_order(p.SerializeToString(), table.SerializeToString(),
+                                 {"alice": site.envelope, "bob": site.envelope}, checkpoint=True,
+                                 next_plan=plan(step=3).SerializeToString())
+    reply = client_app.train(message(order, records.MSG_TRAIN), context(address))
+    assert not reply.has_error()
+    site = records.read_reply(reply.content)
+    assert pb.TrainReport.FromString(site.report).step == 2 and "time/checkpoint_s" in site.metrics
+    assert pb.RolloutBatch.FromString(pb.SignedEnvelope.FromString(site.envelope).payload).step == 3
+    assert site.generate_metrics == {"time/generate_s": 0.001}
+    assert [c["rpc"] for c in w.calls] == ["Generate", "Train", "Checkpoint", "Generate"]
+    assert w.calls[1] == {"rpc": "Train", "step": 2, "pool": ["alice", "alice"], "corrections": 1}
+
+
+def test_failed_next_generate_still_returns_the_train_report(federation, plan):
+    w = FakeWorker("alice", federation.keys["alice"], fail="Generate")
+    server, address = serve(w)
+    try:
+        order = records.train_order(plan(step=1).SerializeToString(), b"", {}, next_plan=plan(step=2).SerializeToString())
+        reply = client_app.train(message(order, records.MSG_TRAIN), context(address))
+    finally:
+        server.stop(grace=0)
+    site = records.read_reply(reply.content)
+    assert site.report is not None and site.envelope is None and "generation exploded" in site.generate_error
+
+
+def test_worker_down_bad_order_and_worker_error_become_error_replies(worker, federation, plan):
+    _, address = worker
+    p = plan()
+    down = client_app.generate(message(records.generate_order(p.SerializeToString()), records.MSG_GENERATE, ttl=7),
+                               context("127.0.0.1:1"))
+    assert down.has_error() and down.error.code == records.ERROR_WORKER_UNAVAILABLE
+    assert "alice" in down.error.reason
+
+    bad = client_app.train(message(RecordDict({"pool": ArrayRecord()}), records.MSG_TRAIN), context(address))
+    assert bad.has_error() and bad.error.code == records.ERROR_BAD_ORDER
+
+    failing = FakeWorker("alice", federation.keys["alice"], fail="Generate")
+    server, addr2 = serve(failing)
+    try:
+        err = client_app.generate(message(records.generate_order(p.SerializeToString()), records.MSG_GENERATE),
+                                  context(addr2))
+    finally:
+        server.stop(grace=0)
+    assert err.has_error() and err.error.code == records.ERROR_WORKER
+    assert "INTERNAL" in err.error.reason and "generation exploded" in err.error.reason
+
+
+def test_evaluate_is_forwarded(worker, plan):
+    _, address = worker
+    req = wpb.EvaluateRequest(prompts=list(plan().prompts), samples=1)
+    reply = client_app.evaluate(message(records.eval_order(req.SerializeToString()), records.MSG_EVALUATE),
+                                context(address))
+    site = records.read_reply(reply.content)
+    assert wpb.EvaluateResponse.FromString(site.evaluation).metrics["problems"] == 3.0
+
+
+def test_records_reject_wrong_types():
+    with pytest.raises(records.ProtocolError, match="round-plan"):
+        records.read_generate_order(RecordDict({"plan": ConfigRecord({"round-plan": "text, not bytes"})}))
+    arr = records.envelope_array(b"abc")
+    wrong = type(arr)(dtype="float32", shape=(3,), stype="numpy.ndarray", data=b"abc")
+    with pytest.raises(records.ProtocolError, match="stype"):
+        records.read_reply(RecordDict({"rollouts": ArrayRecord({"envelope": wrong})}))
+    with pytest.raises(records.ProtocolError, match="agent-name"):
+        records.read_reply(RecordDict({"site": ConfigRecord({"agent-name": 5})}))
+    with pytest.raises(records.ProtocolError, match="train-report"):
+        records.read_reply(RecordDict({"report": ConfigRecord({"train-report": "not bytes"})}))
+    rd = records.train_order(b"p", b"t", {"a": b"1", "b": b"22"})
+    assert records.read_train_order(rd) == records.TrainOrder(b"p", b"t", {"a": b"1", "b": b"22"})
+    assert records.content_bytes(rd) > 3
+
+
+def test_client_app_does_not_import_torch():
+    code = ("import sys, hacrl_fed.flower.client_app\n"
+            "heavy = [m for m in ('torch', 'transformers', 'math_verify') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
