@@ -92,8 +92,8 @@ def test_behaviour_eos_logprob_is_checked(plan, eos, finish, ok):
     r.finish_reason = pb.STOP if finish == "stop" else pb.LENGTH
     r.behaviour_eos_logprob = eos
     if ok:
-        check_rollouts(batch, p)
+        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
     else:
         with pytest.raises(BatchRejected) as info:
-            check_rollouts(batch, p)
+            check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
         assert info.value.reason is Reason.BAD_LOGPROB
