@@ -15,6 +15,10 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
 * ``cross[j].s_mean`` / ``s_min`` / ``s_max``: cross importance ratio s = exp(mean log π_k − mean log π_j,old)
   of j's rows under k before clipping (Eq. 11).
 * ``cross[j].clip_low`` / ``clip_high``: fraction of j's rows with s below l_m / above 1 (Eqs. 13–14).
+* ``cross[j].grad_frac``: fraction of j's rows that reached k's gradient (A ≠ 0 and the ratio term not
+  clamped; the cross-family rules can keep rows outside the window). ``pos_adv_rows`` /
+  ``pos_adv_grad_rows``: j's rows with A > 0 for k, and those of them with a gradient.
+* ``peer_grad_frac`` (per agent): share of all peer rows over the run that reached the agent's gradient.
 * ``wire_bytes``: bytes of k's orders and replies on the Flower wire in that step (both phases).
 * ``weight_bytes`` (per agent): size of the exported ``*.safetensors``; ``weights_per_wire`` = weight_bytes
   / mean wire bytes per step.
@@ -32,7 +36,8 @@ from typing import Any
 
 __all__ = ["build_report", "plot_report", "read_metrics", "render_markdown", "summary_table", "write_report"]
 
-_CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean")
+_CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean", "grad_frac",
+               "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -116,7 +121,19 @@ def _agent_summary(name: str, info: Mapping[str, Any], steps: Sequence[Mapping[s
         "weights_per_wire": weights / wire if weights and wire else None,
         "max_step_rss_bytes": max(rss, default=None),
         "generate_s_mean": _mean([m["generate_s"] for m in mine]), "train_s_mean": _mean([m["train_s"] for m in mine]),
+        "peer_grad_frac": _peer_grad_frac(mine),
     }
+
+
+def _peer_grad_frac(mine: Sequence[Mapping[str, Any]]) -> float | None:
+    """Rows of every peer over the run that reached this learner's gradient, as a fraction (None: no peer rows)."""
+    rows = got = 0.0
+    for m in mine:
+        for c in m["cross"].values():
+            if c.get("rows") and c.get("grad_frac") is not None:
+                rows += c["rows"]
+                got += c["rows"] * c["grad_frac"]
+    return got / rows if rows else None
 
 
 def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, phases: Mapping[str, float],
@@ -150,8 +167,8 @@ def _f(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
-SUMMARY_COLUMNS = ("agent", "model", "device", "held-out before", "after", "Δ", "final P̂", "wire / step",
-                   "weights", "weights / wire", "peak RSS", "load s")
+SUMMARY_COLUMNS = ("agent", "model", "device", "held-out before", "after", "Δ", "peer rows with a gradient",
+                   "final P̂", "wire / step", "weights", "weights / wire", "peak RSS", "load s")
 
 
 def _summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
@@ -160,7 +177,7 @@ def _summary_rows(report: Mapping[str, Any]) -> list[list[str]]:
         delta = a["accuracy_delta"]
         rows.append([name, str(a.get("model")), str(a.get("device")), _pct(a["accuracy_before"]),
                      _pct(a["accuracy_after"]), "-" if delta is None else f"{100 * delta:+.1f} pt",
-                     _f(a["final_capability"], ".3f"), _size(a["wire_bytes_per_step"]), _size(a["weight_bytes"]),
+                     _pct(a.get("peer_grad_frac")), _f(a["final_capability"], ".3f"), _size(a["wire_bytes_per_step"]), _size(a["weight_bytes"]),
                      _f(a["weights_per_wire"], ",.0f") + ("×" if a["weights_per_wire"] else ""),
                      _size(a.get("peak_rss_bytes")), _f(a.get("load_s"), ".0f")])
     return rows
@@ -174,15 +191,18 @@ def summary_table(report: Mapping[str, Any]):
     phases = report["phases"]
     table = Table(title=f"run {report['run_id']}: {report['steps_done']} steps, {_f(phases.get('total_s'), '.0f')} s in all",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for i, col in enumerate(("agent", "before", "after", "Δ pt", "P̂", "wire/step", "weights", "ratio", "peak RSS")):
+    for i, col in enumerate(("agent", "before", "after", "Δ pt", "peer grad", "P̂", "wire/step", "ratio", "peak RSS")):
         table.add_column(col, justify="left" if i == 0 else "right")
     for name, a in report["agents"].items():
         delta = a["accuracy_delta"]
         table.add_row(name, _pct(a["accuracy_before"]), _pct(a["accuracy_after"]),
-                      "-" if delta is None else f"{100 * delta:+.1f}", _f(a["final_capability"], ".3f"),
-                      _size(a["wire_bytes_per_step"]), _size(a["weight_bytes"]),
+                      "-" if delta is None else f"{100 * delta:+.1f}", _pct(a.get("peer_grad_frac")),
+                      _f(a["final_capability"], ".3f"), _size(a["wire_bytes_per_step"]),
                       _f(a["weights_per_wire"], ",.0f") + ("×" if a["weights_per_wire"] else ""),
                       _size(a.get("peak_rss_bytes")))
+    table.caption = ("peer grad: share of the peers' rollouts that reached the agent's gradient; "
+                     "ratio: weights / wire bytes per step")
+    table.caption_justify = "left"
     return table
 
 
@@ -216,14 +236,15 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
 
 def _md_steps(report: Mapping[str, Any]) -> list[str]:
     names = list(report["agents"])
-    header = ["step", "step s", *(f"{n} acc / P̂" for n in names), "r(j→k)", "cross s mean (clip low/high)"]
+    header = ["step", "step s", *(f"{n} acc / P̂" for n in names), "r(j→k)",
+              "cross s mean (clip low/high, rows with a gradient)"]
     rows = []
     for s in report["steps"]:
         ratios, cross = [], []
         for k, a in s["agents"].items():
             ratios += [f"{j}→{k} {_f(r, '.2f')}" for j, r in a["ratios"].items()]
-            cross += [f"{j}→{k} {_f(c['s_mean'], '.3f')} ({_pct(c['clip_low'])}/{_pct(c['clip_high'])})"
-                      for j, c in a["cross"].items()]
+            cross += [f"{j}→{k} {_f(c['s_mean'], '.3f')} ({_pct(c['clip_low'])}/{_pct(c['clip_high'])}, "
+                      f"{_pct(c.get('grad_frac'))})" for j, c in a["cross"].items()]
         accs = [f"{_pct(s['agents'][n]['accuracy'])} / {_f(s['agents'][n]['capability'], '.3f')}"
                 if n in s["agents"] else "-" for n in names]
         rows.append([str(s["step"]), _f(s["timing"].get("step_s"), ".0f"), *accs, ", ".join(ratios) or "-",
@@ -274,11 +295,22 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
         for j in sorted({j for m in mine for j in m["ratios"]}):
             pts = [(x, m) for x, m in zip(xs, mine) if j in m["ratios"]]
             ax[0, 2].plot([x for x, _ in pts], [m["ratios"][j] for _, m in pts], marker="o", label=f"r({j}→{name})")
-            ax[1, 0].plot([x for x, _ in pts], [m["cross"][j]["s_mean"] for _, m in pts], marker="o", label=f"{j}→{name}")
-            ax[1, 1].plot([x for x, _ in pts], [(m["cross"][j]["clip_low"] or 0) + (m["cross"][j]["clip_high"] or 0)
-                                                for _, m in pts], marker="o", label=f"{j}→{name}")
+            s_line = ax[1, 0].plot([x for x, _ in pts], [m["cross"][j]["s_mean"] for _, m in pts], marker="o",
+                                   label=f"{j}→{name} mean")[0]
+            lows = [m["cross"][j]["s_min"] for _, m in pts]
+            highs = [m["cross"][j]["s_max"] for _, m in pts]
+            if all(v is not None for v in lows + highs):
+                ax[1, 0].fill_between([x for x, _ in pts], lows, highs, color=s_line.get_color(), alpha=0.07)
+            ax[1, 1].plot([x for x, _ in pts], [m["cross"][j].get("grad_frac") for _, m in pts], marker="o",
+                          label=f"{j}→{name}")
+        bounds = [(x, m["cross_lower_bound_first"], m["cross_lower_bound_last"]) for x, m in zip(xs, mine)
+                  if m.get("cross_lower_bound_first") is not None]
+        if bounds:   # the clip window [l_m, 1] of the step's cross updates
+            ax[1, 0].fill_between([b[0] for b in bounds], [b[1] for b in bounds], 1.0, color="green", alpha=0.3,
+                                  step="mid", label=f"clip window [l_m, 1] ({name})")
     titles = ["accuracy (rollouts; held-out greedy dashed)", "capability P̂", "capability ratio r(j→k)",
-              "cross importance ratio s (mean)", "cross rows clipped (fraction)", "bytes per step vs weights"]
+              "cross ratio s (mean, min–max band; log scale)", "peer rows that reached the gradient (fraction)",
+              "bytes per step vs weights"]
     for a, title in zip(ax.flat, titles):
         a.set_title(title)
         a.set_xlabel("step")
@@ -288,6 +320,9 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
     for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
         a.set_ylim(-0.03, 1.03)
     ax[1, 2].set_yscale("log")
+    if ax[1, 0].has_data():
+        ax[1, 0].set_yscale("log")   # a mean ratio of 5 000 must not flatten the window [l_m, 1]
+        ax[1, 0].axhline(1.0, color="grey", lw=0.8)
     if ax[0, 2].has_data():
         ax[0, 2].set_yscale("log")  # r(j→k) is clipped to [0.1, 10] by default: symmetric on a log axis
     fig.tight_layout()

@@ -188,7 +188,8 @@ def _step(step: int, acc: dict[str, float], wire: dict[str, int]) -> dict:
     agents = {}
     for k in acc:
         per_source = {j: {"capability_ratio": acc[j] / acc[k], "s_mean": 0.9 + step / 100, "clip_low": 0.25,
-                          "clip_high": 0.0, "rows": 8.0} for j in acc}
+                          "clip_high": 0.0, "rows": 8.0, "grad_frac": 0.25 * step, "s_min": 0.5,
+                          "s_max": 5000.0} for j in acc}
         agents[k] = {"status": "trained", "accuracy": acc[k], "capability": acc[k], "bytes_in": wire[k] // 2,
                      "bytes_out": wire[k] - wire[k] // 2, "per_source": per_source, "generate_s": 2.0, "train_s": 3.0,
                      "train": {"rss_bytes": 1e9 + step}, "generate": {"rss_bytes": 9e8}}
@@ -222,5 +223,11 @@ def test_report_from_metrics(tmp_path):
     phases = report["phases"]
     assert (phases["eval_before_s"], phases["eval_after_s"], phases["steps_s"]) == (7.0, 6.0, 20.0)
     assert phases["run_other_s"] == pytest.approx(40.0 - 20.0 - 13.0)
+    # 8 peer rows per step, 2 of them with a gradient at step 1 and 4 at step 2
+    assert a["peer_grad_frac"] == pytest.approx(6 / 16) and s2["cross"]["b"]["grad_frac"] == 0.5
     md = render_markdown(report)
-    assert "+50.0 pt" in md and "b→a" in md
+    assert "+50.0 pt" in md and "b→a" in md and "37.5%" in md
+    from hacrl_fed.report.run_report import plot_report, summary_table
+
+    assert plot_report(report, tmp_path / "plot.png").stat().st_size > 0
+    assert summary_table(report).columns[4].header == "peer grad"
