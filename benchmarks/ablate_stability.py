@@ -11,8 +11,12 @@ words (:func:`hacrl_fed.data.arithmetic.reword`) before and after. Variants::
     lr1e-6      lr 1e-6 (skip0 too)
     lr3e-6      lr 3e-6 (skip0 too)
 
-Resumable: each finished (variant, seed) cell is written to ``<out>/cells/<variant>-s<seed>.json`` and
-skipped when present. ``python benchmarks/ablate_stability.py --out benchmarks/results/stability``.
+Resumable: each finished (variant, seed) cell is written to ``<out>/cells/<agent>-<variant>-s<seed>.json``
+and skipped when present; ``<out>/results-<agent>.md`` summarizes them::
+
+    python benchmarks/ablate_stability.py --out benchmarks/results/stability                       # gemma3
+    python benchmarks/ablate_stability.py --agent smollm2 --seeds 1 --variants skip0,lr1e-6,lr3e-6 \
+        --out benchmarks/results/stability
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"before: held-out {_acc(before['held_out']):.3f}, words {_acc(before['words']):.3f}", flush=True)
     for seed in range(args.seeds):
         for name in args.variants.split(","):
-            cell = out / "cells" / f"{name}-s{seed}.json"
+            cell = out / "cells" / f"{args.agent}-{name}-s{seed}.json"
             if cell.exists():
                 continue
             v = VARIANTS[name]
@@ -104,7 +108,7 @@ def _acc(d: dict[str, bool]) -> float:
 
 def summarize(out: Path, agent: str) -> None:
     before = json.loads((out / f"before-{agent}.json").read_text())
-    cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob(f"{agent}-*.json"))]
     lines = ["| variant | seeds | held-out after | words after | rollout acc (last 3 steps) | zero-grad updates | "
              "s per step |", "|---|---|---|---|---|---|---|"]
     for name in VARIANTS:
@@ -125,7 +129,7 @@ def summarize(out: Path, agent: str) -> None:
         lines.append(f"| {name} | {len(cs)} | {ms(ho)} | {ms(wo)} | {ms(last)} | {zg:.0f}/{upd:.0f} | {sps:.0f} |")
     text = (f"# Stability ablation ({agent}, isolated)\n\nBefore: held-out {100 * _acc(before['held_out']):.1f} %, "
             f"words {100 * _acc(before['words']):.1f} %\n\n" + "\n".join(lines) + "\n")
-    (out / "results.md").write_text(text)
+    (out / f"results-{agent}.md").write_text(text)
     print(text)
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-RECIPES = ("gspo", "gspo_x2", "naive", "hacpo", "hacpo_cross_family")
+RECIPES = ("gspo", "hacpo_cross_family", "hacpo", "naive", "gspo_x2")
 LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive": "naive sharing",
           "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family"}
 PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml"}
