@@ -44,19 +44,20 @@ DEFAULT_CONFIG: dict = {
     "verifier": {"workers": 1},
     "agents": [
         {"name": "smollm2", "model": {"name_or_path": "smollm2-135m-instruct", "device": "cpu",
-                                      "system_prompt": FORMAT_PROMPT, "max_response_tokens": 64},
-         "algo": {"name": "hacpo", "kl_coef": 0.0},
+                                      "system_prompt": FORMAT_PROMPT, "max_response_tokens": 128},
+         "algo": {"name": "hacpo_cross_family", "kl_coef": 0.0},
          "optim": {"lr": 1e-5, "mini_batch_rows": 8, "micro_batch_tokens": 2048}, "verifier": {"workers": 1}},
         {"name": "gemma3", "model": {"name_or_path": "gemma3-270m", "device": "cpu",
-                                     "system_prompt": FORMAT_PROMPT, "max_response_tokens": 64},
-         "algo": {"name": "hacpo", "kl_coef": 0.0},
-         "optim": {"lr": 1e-5, "mini_batch_rows": 8, "micro_batch_tokens": 2048, "logprob_chunk_tokens": 256},
+                                     "system_prompt": FORMAT_PROMPT, "max_response_tokens": 128},
+         "algo": {"name": "hacpo_cross_family", "kl_coef": 0.0},
+         "optim": {"lr": 1e-6, "mini_batch_rows": 8, "micro_batch_tokens": 2048, "logprob_chunk_tokens": 256},
          "verifier": {"workers": 1}},
     ],
 }
 """The run of ``hacrl-fed simulate`` without ``--config`` (``examples/default.toml`` is the same):
 SmolLM2-135M-Instruct and Gemma-3-270M (different family, size and tokenizer) on the built-in
-arithmetic problems, a few HACPO steps sized for about 10 minutes on 2 CPU cores."""
+arithmetic problems, a few steps of HACPO cross-family (Gemma at lr 1e-6, README "Base-model
+stability") sized for about 10 minutes on 2 CPU cores."""
 
 
 def default_config() -> SimulateConfig:
