@@ -35,6 +35,14 @@ detail_log = logging.getLogger("hacrl_fed.worker.detail")
 """Lines for the worker's log file only (``hacrl-fed client`` shows ``hacrl_fed.worker`` lines on the terminal)."""
 
 MAX_SAMPLES_PER_PROMPT = 1024
+MAX_NEW_TOKENS = 65536
+"""Largest generation cap a request may ask for."""
+MAX_PROMPTS = 4096
+"""Prompts of one request, at most."""
+MAX_PROMPT_CHARS = 100_000
+"""Characters of one problem statement, at most."""
+MAX_ID_CHARS = 256
+"""Characters of a prompt id or run id, at most."""
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 _VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
 
@@ -43,6 +51,8 @@ def sampling_from_proto(sp: pb.SamplingParams, default_max_new_tokens: int) -> S
     """Proto ``SamplingParams`` → :class:`Sampling`. Proto3 zeros mean unset: ``top_p`` 0 ⇒ 1,
     ``max_new_tokens`` 0 ⇒ ``default_max_new_tokens`` (temperature 0 is greedy). Raises
     :class:`InvalidRequestError` for out-of-range values."""
+    if sp.max_new_tokens > MAX_NEW_TOKENS:
+        raise InvalidRequestError(f"max_new_tokens must be <= {MAX_NEW_TOKENS}, got {sp.max_new_tokens}")
     try:
         return Sampling(temperature=sp.temperature, top_p=sp.top_p or 1.0, top_k=sp.top_k,
                         max_new_tokens=sp.max_new_tokens or default_max_new_tokens)
@@ -85,12 +95,19 @@ def train_summary(report: pb.TrainReport) -> str:
 
 
 def _check_prompts(prompts) -> None:
+    """Raises InvalidRequestError for no prompts, too many, empty/duplicate/overlong ids, empty or overlong
+    text, an unknown answer style."""
     if not prompts:
         raise InvalidRequestError("the request has no prompts")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequestError(f"the request has {len(prompts)} prompts, at most {MAX_PROMPTS} are allowed")
     ids = [p.prompt_id for p in prompts]
-    if any(not i for i in ids) or len(set(ids)) != len(ids):
-        raise InvalidRequestError("prompt ids must be non-empty and unique")
+    if any(not i or len(i) > MAX_ID_CHARS for i in ids) or len(set(ids)) != len(ids):
+        raise InvalidRequestError(f"prompt ids must be non-empty, unique and at most {MAX_ID_CHARS} characters")
     for p in prompts:
+        if len(p.text) > MAX_PROMPT_CHARS:
+            raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
+                                      f"{MAX_PROMPT_CHARS} are allowed")
         if not p.text.strip():
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
         if p.answer_style not in ("", "boxed", "gsm8k"):
@@ -163,8 +180,8 @@ class AgentWorker:
         self._fingerprint = None
 
     def _check_run(self, run_id: str, step: int, *, for_generate: bool) -> None:
-        if not run_id:
-            raise InvalidRequestError("run_id is empty")
+        if not run_id or len(run_id) > MAX_ID_CHARS:
+            raise InvalidRequestError(f"run_id must be 1..{MAX_ID_CHARS} characters")
         bound = self.trainer.run_id
         if bound and run_id != bound:
             raise PreconditionError(f"this worker is in run {bound!r}, the request is for run {run_id!r}")
@@ -214,7 +231,8 @@ class AgentWorker:
             self.trainer.remember(StepRollouts(
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
-                payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch))
+                payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
+                max_new_tokens=sampling.max_new_tokens))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,

@@ -54,6 +54,9 @@ class StepRollouts:
     samples_per_prompt: int
     """The plan's G: every peer batch must hold G samples of every prompt (the learner's own may hold more)."""
     batch: pb.RolloutBatch = field(default_factory=pb.RolloutBatch)
+    max_new_tokens: int | None = None
+    """The plan's generation cap: a peer rollout may count at most this many behaviour tokens and hold at most
+    ``validation.max_response_chars`` of it in text (None: no length bound)."""
 
 
 def process_rss_bytes() -> float:
@@ -174,7 +177,7 @@ class Trainer:
                 rejected.append(f"{who}: duplicate batch for this step")
                 continue
             try:
-                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt)
+                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt, max_new_tokens=own.max_new_tokens)
             except BatchRejected as err:
                 rejected.append(f"{who}: {err.reason.value}: {err}")
                 continue
