@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import RunConfig
+from hacrl_fed.coordinator.intake import bounded_reply
 from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, step_record,
@@ -225,9 +226,24 @@ def _plan(setup: Setup, state: CoordinatorState, step: int, deadline_s: float) -
                             deadline_unix_s=setup.clock() + deadline_s)
 
 
-def _worker_s(replies: Mapping[int, Reply]) -> float:
-    """Time of the slowest site inside its worker calls during one exchange."""
-    return max((r.site.metrics.get("courier/worker_s", 0.0) for r in replies.values()), default=0.0)
+def _exchange(transport: Transport, orders: Sequence[Order], timeout_s: float) -> dict[int, Reply]:
+    """``transport.exchange`` with every reply bounded (:func:`~hacrl_fed.coordinator.intake.bounded_reply`)
+    and a timed-out reply for every order the transport did not answer."""
+    if not orders:
+        return {}
+    got = transport.exchange(orders, timeout_s)
+    out: dict[int, Reply] = {}
+    for order in orders:
+        reply = got.get(order.node_id)
+        out[order.node_id] = bounded_reply(reply) if isinstance(reply, Reply) else Reply(order.node_id, timed_out=True)
+    return out
+
+
+def _worker_s(replies: Mapping[int, Reply], timeout_s: float) -> float:
+    """Time of the slowest site inside its worker calls during one exchange (each claim clipped to the
+    exchange's timeout)."""
+    return max((min(max(0.0, r.site.metrics.get("courier/worker_s", 0.0)), timeout_s) for r in replies.values()),
+               default=0.0)
 
 
 def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, state: CoordinatorState,
@@ -241,7 +257,7 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     ready = {n.node_id: prefetched[n.node_id] for n in nodes if n.node_id in prefetched}
     asked = [Order(n.node_id, "generate", plan=plan_b) for n in nodes if n.node_id not in ready]
     t_plan = clock()
-    fresh = transport.exchange(asked, run.generate_timeout_s) if asked else {}
+    fresh = _exchange(transport, asked, run.generate_timeout_s)
     t_gen = clock()
     accepted, agents = collect_batches(nodes, ready | fresh, setup.roster, plan, max_bytes=run.max_batch_bytes,
                                        timeout_s=run.generate_timeout_s)
@@ -260,7 +276,8 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     else:
         log.warning("step %d skipped: %d valid batch(es), min_agents is %d", plan.step, len(accepted), run.min_agents)
     timing = {"plan_s": t_plan - t_start, "generate_s": t_gen - t_plan, "validate_s": t_val - t_gen,
-              "verify_s": t_ver - t_val, "train_s": 0.0, "step_s": t_ver - t_start, "worker_s": _worker_s(fresh)}
+              "verify_s": t_ver - t_val, "train_s": 0.0, "step_s": t_ver - t_start,
+              "worker_s": _worker_s(fresh, run.generate_timeout_s)}
     state.step, state.sampler, state.capability = plan.step, setup.sampler.state_dict(), tracker.state_dict()
     state.next_plan = base64.b64encode(next_b).decode("ascii")
     state.pending = step_record(plan, agents, tracker, timing, trained=trained, time_s=clock())
@@ -296,9 +313,10 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
               for nid in ids.values()]
     if next_b:
         orders += [Order(n.node_id, "generate", plan=next_b) for n in nodes if n.node_id not in ids.values()]
-    replies = transport.exchange(orders, run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0))
+    timeout = run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0)
+    replies = _exchange(transport, orders, timeout)
     for agent, node_id in ids.items():
-        train_outcome(agents[agent], replies[node_id], plan)
+        train_outcome(agents[agent], replies[node_id], plan, pool=pool)
     upcoming: dict[int, Reply] = {}
     for nid, reply in replies.items():
         site = reply.site
@@ -307,7 +325,7 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
                                                       metrics=site.generate_metrics))
         elif nid not in ids.values():
             upcoming[nid] = reply
-    return upcoming, _worker_s(replies)
+    return upcoming, _worker_s(replies, timeout)
 
 
 def _totals(state: CoordinatorState, agents: Mapping[str, AgentStep]) -> None:
@@ -328,8 +346,8 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
     nodes = _eligible(setup, transport)
     t0 = setup.clock()
     request = eval_request(setup.held_out, run)
-    replies = transport.exchange([Order(n.node_id, "evaluate", request=request) for n in nodes],
-                                 run.generate_timeout_s)
+    replies = _exchange(transport, [Order(n.node_id, "evaluate", request=request) for n in nodes],
+                        run.generate_timeout_s)
     state.last_eval_step = s
     record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out))
     record |= {"time": setup.clock(), "eval_s": setup.clock() - t0}

@@ -78,9 +78,14 @@ def run_digest(settings: dict[str, Any]) -> str:
 
 
 def save_state(path: str | Path, state: CoordinatorState) -> None:
-    """Write ``state`` atomically as JSON. Raises OSError; ValueError for non-finite numbers."""
+    """Write ``state`` atomically as strict JSON. A NaN or infinity in the parts that hold what sites reported
+    (``pending``, ``totals``) is written as null; in the coordinator's own fields it raises ValueError.
+    Raises OSError when writing fails."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(path), json.dumps(asdict(state), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    data = asdict(state)
+    data["pending"], data["totals"] = _finite(data["pending"]), _finite(data["totals"])
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
+    atomic_write_text(Path(path), text + "\n")
 
 
 def load_state(path: str | Path, *, run_id: str, config_digest: str) -> CoordinatorState | None:
