@@ -39,8 +39,9 @@ from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, 
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 
-__all__ = ["AgentStep", "claimed_agent", "collect_batches", "eval_record", "eval_request", "step_record", "step_summary",
-           "train_outcome", "worker_seconds"]
+__all__ = ["TRAINED_STEP_METRIC", "AgentStep", "claimed_agent", "collect_batches", "eval_record", "eval_request",
+           "interrupted_record", "reconcile", "step_notices", "step_record", "step_summary", "train_outcome",
+           "worker_seconds"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
 
@@ -68,6 +69,8 @@ class AgentStep:
     per_source: dict[str, dict[str, float]] = field(default_factory=dict)
     train_rejected: list[str] = field(default_factory=list)
     verification: AgentVerification | None = None
+    reconciled: dict[str, list[int]] = field(default_factory=dict)
+    """``rolled_back`` / ``trained_late``: steps :func:`reconcile` found the site's weights disagree on."""
 
 
 def worker_seconds(metrics: Mapping[str, float]) -> float | None:
@@ -193,6 +196,72 @@ def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan, pool: Collec
                     reply.site.generate_error)
 
 
+TRAINED_STEP_METRIC = "state/trained_step"
+"""Generate metric of a site: the last step its weights hold (0: none), as its worker reports it."""
+
+
+def reconcile(entry: AgentStep, trained: list[int], step: int) -> dict[str, list[int]]:
+    """Make the coordinator's record of an agent's trained steps agree with its weights.
+
+    ``trained`` (ascending; updated in place) are the steps the coordinator recorded as trained at this
+    agent; the site's generate metric :data:`TRAINED_STEP_METRIC` (read only from a node that delivered
+    the agent's verified batch, at ``step``) says which step its weights hold. Recorded steps after it
+    were lost to a roll-back (a restart from an older checkpoint); a held step the record lacks was
+    trained when the coordinator no longer waited (a late reply, an interrupted train phase). Both are
+    logged and stored in ``entry.reconciled``; returns it (empty: they agree, or nothing to compare).
+    """
+    reported = entry.generate.get(TRAINED_STEP_METRIC)
+    if entry.status != "accepted" or reported is None or not float(reported).is_integer() or not 0 <= reported < step:
+        return entry.reconciled
+    held = int(reported)
+    lost = [s for s in trained if s > held]
+    trained[:] = [s for s in trained if s <= held]
+    late = [held] if held > 0 and held not in trained else []
+    trained.extend(late)
+    if lost:
+        entry.reconciled["rolled_back"] = lost
+        log.warning("step %d: %s holds the weights of step %d: %d trained step(s) lost to a roll-back (%s)", step,
+                    entry.agent, held, len(lost), ", ".join(map(str, lost[:10])) + (" …" if len(lost) > 10 else ""))
+    if late:
+        entry.reconciled["trained_late"] = late
+        log.warning("step %d: %s trained step %d, which was recorded as not trained there; counted now", step,
+                    entry.agent, held)
+    return entry.reconciled
+
+
+def step_notices(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], *, trained: bool, min_agents: int,
+                 after_train: bool = False) -> dict[int, str]:
+    """What each node is told with its next order (node id → one line, at most 400 characters): why its
+    batch was not pooled, why the step was skipped, or (``after_train``) why its training was recorded as
+    failed. Nodes with nothing to be told are left out."""
+    out: dict[int, str] = {}
+    pooled = sum(a.status in ("accepted", "trained", "train_error") for a in agents.values())
+    for a in agents.values():
+        if after_train:
+            text = f"your training was recorded as failed: {a.detail}" if a.status == "train_error" else ""
+        elif a.status in ("rejected", "error"):
+            text = f"your batch was not pooled ({a.reason}): {a.detail}"
+        elif a.status == "timeout":
+            text = f"no batch from you arrived in time ({a.detail})"
+        elif a.status == "accepted" and not trained:
+            text = f"step skipped: {pooled} valid batch(es), the coordinator needs {min_agents}"
+        else:
+            text = ""
+        if text:
+            out[a.node_id] = bounded_text(f"step {plan.step}: {text}", 400)
+    return out
+
+
+def interrupted_record(pending: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics line of a step whose train phase a coordinator crash interrupted: not trained (no
+    site's training was recorded), each participant ``interrupted``; sites that did train it are found
+    and counted at their next batch (:func:`reconcile`)."""
+    record = dict(pending, interrupted=True, trained=False)
+    record["agents"] = {name: dict(a, status="interrupted", reason="train_phase_interrupted")
+                        if a.get("status") == "accepted" else a for name, a in pending.get("agents", {}).items()}
+    return record
+
+
 def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
     v = a.verification
     known = a.agent in tracker.agents
@@ -205,7 +274,8 @@ def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
         "verifier_errors": v.verifier_errors if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
         "generate_s": worker_seconds(a.generate), "train_s": worker_seconds(a.train),
         "model_fingerprint": a.fingerprint, "generate": a.generate, "train": a.train, "per_source": a.per_source,
-        "train_rejected": a.train_rejected,
+        "train_rejected": a.train_rejected, "rolled_back_steps": a.reconciled.get("rolled_back", []),
+        "late_trained_steps": a.reconciled.get("trained_late", []),
     }
 
 
@@ -246,13 +316,15 @@ def step_summary(record: Mapping[str, Any], steps: int) -> str:
 
 
 def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
-    """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems."""
+    """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems, for this run
+    (a site whose model belongs to another run refuses it)."""
     req = wpb.EvaluateRequest(
         prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
                                answer_style=p.answer_style or "boxed") for p in held_out],
         samples=1,
         sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=run.sampling.max_new_tokens,
                                    seed=step_seed(run.seed, -1)),
+        run_id=run.run_id,
     )
     return req.SerializeToString(deterministic=True)
 

@@ -106,3 +106,46 @@ def test_envelope_floods_and_odd_key_ids_are_bounded(make_sites, plans):
     assert _sources(report) == {"alice"}
     assert len(report.rejected) <= 257 and "more envelope(s) ignored" in report.rejected[-1]
     assert all(len(line) < 400 and "\x1b" not in line.split(":")[0] for line in report.rejected[:-1])
+
+
+def test_an_expired_train_order_is_refused_and_refusals_are_shown(make_sites, plans, caplog):
+    """After a stall the worker refuses an order the coordinator has already recorded as failed; the
+    coordinator's notice and every refusal are one warning line of the worker (the site's terminal)."""
+    import logging
+    import time
+
+    import grpc
+    import pytest
+
+    from hacrl_fed.worker.errors import PreconditionError
+    from hacrl_fed.worker.service import AgentWorkerServicer
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": "tiny-llama-bpe"})
+    alice = sites.start("alice")
+    plan = make_plan(1)
+    with caplog.at_level(logging.WARNING, logger="hacrl_fed.worker"):
+        env = alice.generate(plan, "step 0: your batch was not pooled (bad_signature): \x1b[2Jforged").envelope
+    assert any(r.getMessage().startswith("coordinator: step 0: your batch was not pooled") and "\x1b" not in
+               r.getMessage() for r in caplog.records)
+    fingerprint = alice.health().model_fingerprint
+    req = wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env], deadline_unix_s=time.time() - 5,
+                           capabilities=make_table(plan, {"alice": 0.5}))
+    with pytest.raises(PreconditionError, match="expired .* not trained"):
+        alice.train(req)
+    assert alice.health().step == 0 and alice.health().model_fingerprint == fingerprint
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def abort(self, code, message):
+            raise Aborted(code, message)
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hacrl_fed.worker"), pytest.raises(Aborted) as info:
+        AgentWorkerServicer(alice).Train(req, Context())
+    assert info.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION
+    assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()][0].startswith("train refused: ")
+    req.deadline_unix_s = time.time() + 600
+    assert alice.train(req).step == 1 and alice.health().step == 1
