@@ -1,16 +1,57 @@
-"""Atomic file writes: a temporary file in the target's folder, fsync, then ``os.replace``.
+"""Atomic file writes (a temporary file in the target's folder, fsync, then ``os.replace``) and
+exclusive directory locks.
 
 A reader (or a restarted process) sees either the old file or the new one, never a half-written
-one; a failed write leaves no temporary file behind.
+one; a failed write leaves no temporary file behind. A :class:`DirLock` keeps a second process
+out of a directory one process owns (a site's run directory, a worker's checkpoints).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = ["DirLock", "LockedError", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+
+LOCK_FILE = ".lock"
+
+
+class LockedError(RuntimeError):
+    """Another live process holds the lock; the message names it (pid and command line)."""
+
+
+class DirLock:
+    """An exclusive lock on ``directory`` (created if missing) for this process's lifetime.
+
+    ``<directory>/.lock`` is locked with ``flock`` (released by the kernel when the process dies, so a
+    killed holder never leaves a stale lock) and holds the holder's pid and command line.
+    ``what`` names the directory in the error. Raises :class:`LockedError` when another process holds it,
+    OSError when the directory cannot be created.
+    """
+
+    def __init__(self, directory: str | Path, *, what: str = "") -> None:
+        self.path = Path(directory) / LOCK_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(self._fd)
+            self._fd = None
+            raise LockedError(f"{what or self.path.parent} ({self.path.parent}) is in use by {holder}; stop it "
+                              f"first, or use another directory") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"pid {os.getpid()} ({' '.join(sys.argv)[:300]})\n".encode(), 0)
+
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -112,6 +112,7 @@ def worker_cmd(
         check_bind_address(address or cfg.agent.worker_address)
     except (ConfigError, ValueError) as err:
         fail(_one_line(err))
+    from hacrl_fed.atomic import LockedError
     from hacrl_fed.protocol.keys import KeyFileError, RosterError
     from hacrl_fed.worker.checkpoint import CheckpointError
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
@@ -121,7 +122,7 @@ def worker_cmd(
     try:
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
                    resume=not no_resume)
-    except (ModelNotFoundError, KeyFileError, RosterError, ValueError) as err:
+    except (ModelNotFoundError, KeyFileError, RosterError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
         fail(_one_line(err), code=1)

@@ -246,6 +246,9 @@ class ClientConfig(Strict):
     node_key: str | None = None
     """SuperNode EC private key (OpenSSH format) registered at the coordinator."""
     output_dir: str = "runs"
+    run_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] | None = None
+    """The coordinator's ``run.run_id`` this site joins, if known: a site whose checkpoints belong to another
+    run then refuses to start (unset: the first order of another run is refused, never trained on)."""
 
 
 class SimulateConfig(Strict):

@@ -33,8 +33,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "site": {"protocol", "v1"},
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
-    "launch": {"config", "coordinator", "protocol", "report", "site", "v1", "worker"},
-    "cli": {"config", "launch", "logs", "protocol", "worker"},
+    "launch": {"atomic", "config", "coordinator", "protocol", "report", "site", "v1", "worker"},
+    "cli": {"atomic", "config", "launch", "logs", "protocol", "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""

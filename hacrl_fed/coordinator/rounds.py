@@ -36,9 +36,11 @@ from typing import Any, Protocol
 
 from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import RunConfig
+from hacrl_fed.coordinator.intake import bounded_reply
 from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
-from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, step_record,
+from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request,
+                                               interrupted_record, reconcile, step_notices, step_record,
                                                step_summary, train_outcome)
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -46,6 +48,9 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 __all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
+
+MAX_TRAINED_STEPS = 1000
+"""Steps kept per agent in :attr:`CoordinatorState.trained_steps` (a roll-back deeper than that is not counted)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class Node:
 @dataclass(frozen=True)
 class Order:
     """One message to one node. ``kind``: ``generate`` (``plan``), ``train`` (``plan``, ``table``,
-    ``envelopes``, ``checkpoint``, optional ``next_plan``) or ``evaluate`` (``request``)."""
+    ``envelopes``, ``checkpoint``, ``checkpoint_every``, optional ``next_plan``) or ``evaluate``
+    (``request``). ``notice``: what the site is told about its previous order (why its batch was not
+    pooled, why its step was skipped or its training recorded as failed), shown on its terminal."""
 
     node_id: int
     kind: str
@@ -69,6 +76,8 @@ class Order:
     checkpoint: bool = False
     next_plan: bytes = b""
     request: bytes = b""
+    checkpoint_every: int | None = None
+    notice: str = ""
 
 
 @dataclass
@@ -158,8 +167,9 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
         setup.sampler.load_state_dict(state.sampler)
     metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset)
     if state.pending is not None:
-        log.warning("step %s was interrupted during its train phase; it counts as done", state.pending.get("step"))
-        record, state.pending = dict(state.pending, interrupted=True), None
+        log.warning("step %s was interrupted during its train phase: it counts as done, not as trained (each "
+                    "site's next batch says whether it trained it)", state.pending.get("step"))
+        record, state.pending = interrupted_record(state.pending), None
         _commit(setup, state, metrics, record)
     state.restarts += resumed
     _commit(setup, state, metrics, {"event": "resume" if resumed else "run_start", "run_id": run.run_id,
@@ -169,8 +179,9 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     _wait_for_agents(setup, transport, want=len(setup.roster), patience_s=run.join_timeout_s)
     _maybe_evaluate(setup, transport, state, metrics)
     prefetched: dict[int, Reply] = {}
+    notices: dict[int, str] = {}
     while state.step < run.steps:
-        prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched)
+        prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched, notices)
         _maybe_evaluate(setup, transport, state, metrics)
     _commit(setup, state, metrics, _run_end(state, metrics))
     log.info("run %s finished: %d steps in %.1f s", run.run_id, state.step, state.elapsed_s)
@@ -225,23 +236,41 @@ def _plan(setup: Setup, state: CoordinatorState, step: int, deadline_s: float) -
                             deadline_unix_s=setup.clock() + deadline_s)
 
 
-def _worker_s(replies: Mapping[int, Reply]) -> float:
-    """Time of the slowest site inside its worker calls during one exchange."""
-    return max((r.site.metrics.get("courier/worker_s", 0.0) for r in replies.values()), default=0.0)
+def _exchange(transport: Transport, orders: Sequence[Order], timeout_s: float) -> dict[int, Reply]:
+    """``transport.exchange`` with every reply bounded (:func:`~hacrl_fed.coordinator.intake.bounded_reply`)
+    and a timed-out reply for every order the transport did not answer."""
+    if not orders:
+        return {}
+    got = transport.exchange(orders, timeout_s)
+    out: dict[int, Reply] = {}
+    for order in orders:
+        reply = got.get(order.node_id)
+        out[order.node_id] = bounded_reply(reply) if isinstance(reply, Reply) else Reply(order.node_id, timed_out=True)
+    return out
+
+
+def _worker_s(replies: Mapping[int, Reply], timeout_s: float) -> float:
+    """Time of the slowest site inside its worker calls during one exchange (each claim clipped to the
+    exchange's timeout)."""
+    return max((min(max(0.0, r.site.metrics.get("courier/worker_s", 0.0)), timeout_s) for r in replies.values()),
+               default=0.0)
 
 
 def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, state: CoordinatorState,
-              metrics: MetricsLog, prefetched: Mapping[int, Reply]) -> dict[int, Reply]:
-    """One step (module docstring). Returns the generate replies already received for the next step."""
+              metrics: MetricsLog, prefetched: Mapping[int, Reply], notices: dict[int, str]) -> dict[int, Reply]:
+    """One step (module docstring). Returns the generate replies already received for the next step.
+
+    ``notices`` (node id → text) holds what each site is to be told with its next order; it is updated."""
     run, clock = setup.run, setup.clock
     t_start = clock()
     nodes = _wait_for_agents(setup, transport, want=run.min_agents, patience_s=0.0)
     plan = _plan(setup, state, state.step + 1, run.generate_timeout_s)
     plan_b = plan.SerializeToString(deterministic=True)
     ready = {n.node_id: prefetched[n.node_id] for n in nodes if n.node_id in prefetched}
-    asked = [Order(n.node_id, "generate", plan=plan_b) for n in nodes if n.node_id not in ready]
+    asked = [Order(n.node_id, "generate", plan=plan_b, notice=notices.pop(n.node_id, ""))
+             for n in nodes if n.node_id not in ready]
     t_plan = clock()
-    fresh = transport.exchange(asked, run.generate_timeout_s) if asked else {}
+    fresh = _exchange(transport, asked, run.generate_timeout_s)
     t_gen = clock()
     accepted, agents = collect_batches(nodes, ready | fresh, setup.roster, plan, max_bytes=run.max_batch_bytes,
                                        timeout_s=run.generate_timeout_s)
@@ -251,6 +280,9 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
         agents[agent].verification = v
     t_ver = clock()
     trained = len(accepted) >= run.min_agents
+    for entry in agents.values():
+        reconcile(entry, state.trained_steps.setdefault(entry.agent, []), plan.step)
+    notices.update(step_notices(plan, agents, trained=trained, min_agents=run.min_agents))
     next_b = b""
     if trained:
         tracker.update({a: v.accuracy for a, v in verdicts.items()})
@@ -260,15 +292,22 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     else:
         log.warning("step %d skipped: %d valid batch(es), min_agents is %d", plan.step, len(accepted), run.min_agents)
     timing = {"plan_s": t_plan - t_start, "generate_s": t_gen - t_plan, "validate_s": t_val - t_gen,
-              "verify_s": t_ver - t_val, "train_s": 0.0, "step_s": t_ver - t_start, "worker_s": _worker_s(fresh)}
+              "verify_s": t_ver - t_val, "train_s": 0.0, "step_s": t_ver - t_start,
+              "worker_s": _worker_s(fresh, run.generate_timeout_s)}
     state.step, state.sampler, state.capability = plan.step, setup.sampler.state_dict(), tracker.state_dict()
     state.next_plan = base64.b64encode(next_b).decode("ascii")
     state.pending = step_record(plan, agents, tracker, timing, trained=trained, time_s=clock())
     save_state(setup.state_path, state)  # from here on the step counts as done, even if we crash
     upcoming: dict[int, Reply] = {}
     if trained:
-        upcoming, work = _train(setup, transport, tracker, plan, plan_b, accepted, agents, verdicts, nodes, next_b)
+        upcoming, work = _train(setup, transport, tracker, plan, plan_b, accepted, agents, verdicts, nodes, next_b,
+                                notices)
         timing["worker_s"] += work
+        for entry in agents.values():
+            if entry.status == "trained":
+                state.trained_steps.setdefault(entry.agent, []).append(plan.step)
+                del state.trained_steps[entry.agent][:-MAX_TRAINED_STEPS]
+        notices.update(step_notices(plan, agents, trained=True, min_agents=run.min_agents, after_train=True))
     timing |= {"train_s": clock() - t_ver, "step_s": clock() - t_start}
     _totals(state, agents)
     state.elapsed_s += clock() - t_start
@@ -281,7 +320,7 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
 
 def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan: pb.RoundPlan, plan_b: bytes,
            accepted: Sequence[Any], agents: Mapping[str, AgentStep], verdicts: Mapping[str, Any],
-           nodes: Sequence[Node], next_b: bytes) -> tuple[dict[int, Reply], float]:
+           nodes: Sequence[Node], next_b: bytes, notices: dict[int, str]) -> tuple[dict[int, Reply], float]:
     """Broadcast the pool and the CapabilityTable to every agent that delivered (with the next plan),
     and the next plan alone to every other online node. Returns the next step's generate replies
     and the slowest site's worker time."""
@@ -292,13 +331,15 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
     pool = {item.agent: item.envelope for item in accepted}
     ids = {item.agent: agents[item.agent].node_id for item in accepted}
     checkpoint = run.checkpoint_every > 0 and plan.step % run.checkpoint_every == 0
-    orders = [Order(nid, "train", plan=plan_b, table=table, envelopes=pool, checkpoint=checkpoint, next_plan=next_b)
-              for nid in ids.values()]
+    orders = [Order(nid, "train", plan=plan_b, table=table, envelopes=pool, checkpoint=checkpoint, next_plan=next_b,
+                    checkpoint_every=run.checkpoint_every, notice=notices.pop(nid, "")) for nid in ids.values()]
     if next_b:
-        orders += [Order(n.node_id, "generate", plan=next_b) for n in nodes if n.node_id not in ids.values()]
-    replies = transport.exchange(orders, run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0))
+        orders += [Order(n.node_id, "generate", plan=next_b, notice=notices.pop(n.node_id, ""))
+                   for n in nodes if n.node_id not in ids.values()]
+    timeout = run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0)
+    replies = _exchange(transport, orders, timeout)
     for agent, node_id in ids.items():
-        train_outcome(agents[agent], replies[node_id], plan)
+        train_outcome(agents[agent], replies[node_id], plan, pool=pool)
     upcoming: dict[int, Reply] = {}
     for nid, reply in replies.items():
         site = reply.site
@@ -307,14 +348,17 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
                                                       metrics=site.generate_metrics))
         elif nid not in ids.values():
             upcoming[nid] = reply
-    return upcoming, _worker_s(replies)
+    return upcoming, _worker_s(replies, timeout)
 
 
 def _totals(state: CoordinatorState, agents: Mapping[str, AgentStep]) -> None:
     for name, a in agents.items():
         v = a.verification
         reasons = {f"reason/{a.reason}": 1.0} if a.reason else {}
-        state.add_totals(name, steps_trained=float(a.status == "trained"), rows_accepted=a.rows_accepted,
+        lost, late = len(a.reconciled.get("rolled_back", [])), len(a.reconciled.get("trained_late", []))
+        if lost or late:
+            reasons |= {"steps_rolled_back": float(lost), "steps_trained_late": float(late)}
+        state.add_totals(name, steps_trained=float(a.status == "trained") + late - lost, rows_accepted=a.rows_accepted,
                          rows_rejected=a.rows_rejected, reward_disagreements=v.disagreements if v else 0,
                          bytes_in=a.bytes_in, bytes_out=a.bytes_out, **reasons)
 
@@ -328,8 +372,8 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
     nodes = _eligible(setup, transport)
     t0 = setup.clock()
     request = eval_request(setup.held_out, run)
-    replies = transport.exchange([Order(n.node_id, "evaluate", request=request) for n in nodes],
-                                 run.generate_timeout_s)
+    replies = _exchange(transport, [Order(n.node_id, "evaluate", request=request) for n in nodes],
+                        run.generate_timeout_s)
     state.last_eval_step = s
     record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out))
     record |= {"time": setup.clock(), "eval_s": setup.clock() - t0}

@@ -58,6 +58,9 @@ class CoordinatorState:
     next_plan: str = ""
     """Base64 of the serialized RoundPlan of step ``step + 1`` when it was already sent out (pipelined
     with the train phase); a resumed coordinator reuses it instead of sampling again."""
+    trained_steps: dict[str, list[int]] = field(default_factory=dict)
+    """Per agent, the latest steps the coordinator recorded as trained there (ascending), compared with the
+    step each site reports its weights hold, so roll-backs and late trainings are found and counted."""
     pending: dict[str, Any] | None = None
     """Metrics line of a step whose train phase was in flight (the step already counts as done:
     a site that trained must not be asked to train it again). Written out, marked
@@ -78,9 +81,15 @@ def run_digest(settings: dict[str, Any]) -> str:
 
 
 def save_state(path: str | Path, state: CoordinatorState) -> None:
-    """Write ``state`` atomically as JSON. Raises OSError; ValueError for non-finite numbers."""
+    """Write ``state`` atomically as strict JSON. A NaN or infinity in the parts that hold what sites reported
+    (``pending``, ``totals``) is written as null; in the coordinator's own fields it raises ValueError.
+    Raises OSError when writing fails."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(path), json.dumps(asdict(state), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    data = asdict(state)
+    data["pending"], data["totals"] = _finite(data["pending"]), _finite(data["totals"])
+    data["trained_steps"] = {k: [int(x) for x in v] for k, v in data["trained_steps"].items()}
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
+    atomic_write_text(Path(path), text + "\n")
 
 
 def load_state(path: str | Path, *, run_id: str, config_digest: str) -> CoordinatorState | None:

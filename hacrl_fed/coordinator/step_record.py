@@ -1,7 +1,9 @@
 """Per-agent bookkeeping of one coordinator step and the metrics line it becomes.
 
 :func:`collect_batches` turns the generate replies into accepted batches and per-agent outcomes
-(every reply is accounted for: accepted, rejected with a reason, error, timeout);
+(every reply is accounted for: accepted, rejected with a reason, error, timeout). An agent is keyed
+by its verified signer and keeps the node that delivered its batch (its train order goes there); a
+name two nodes claim at one step is an error for both (``name@node``, ``duplicate_agent``);
 :func:`train_outcome` adds the train reply; :func:`step_record` writes the JSON-lines record.
 Pure functions over protobuf messages and the reply dataclass; no I/O besides logging.
 
@@ -11,7 +13,8 @@ Metrics line of one step (``event = "step"``), per agent under ``agents.<name>``
 ``rows_rejected``, ``accuracy`` (coordinator verdicts), ``site_accuracy`` (claimed),
 ``capability`` (P̂ after this step), ``reward_disagreements``, ``verdict_mismatches``,
 ``verifier_errors``, ``bytes_in``/``bytes_out`` (wire bytes of replies/orders), ``generate_s`` and
-``train_s`` (worker-reported), and the worker's raw ``generate``/``train`` metrics. ``timing``
+``train_s`` (worker-reported), and the worker's raw ``generate``/``train`` metrics (bounded, as
+everything read from a reply: :mod:`~hacrl_fed.coordinator.intake`). ``timing``
 holds the coordinator's phases in seconds (``plan_s``, ``generate_s``, ``validate_s``,
 ``verify_s``, ``train_s``, ``step_s``), ``worker_s`` (the slowest site's time inside worker calls,
 summed over the step's exchanges) and ``overhead_s`` = ``step_s`` − ``worker_s`` − ``verify_s``:
@@ -22,21 +25,23 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from hacrl_fed.config import RunConfig
+from hacrl_fed.coordinator.intake import bounded_metrics, bounded_text
 from hacrl_fed.coordinator.phases import AgentVerification, step_seed
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, validate_envelope
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 
-__all__ = ["AgentStep", "collect_batches", "eval_record", "eval_request", "step_record", "step_summary",
-           "train_outcome", "worker_seconds"]
+__all__ = ["TRAINED_STEP_METRIC", "AgentStep", "claimed_agent", "collect_batches", "eval_record", "eval_request",
+           "interrupted_record", "reconcile", "step_notices", "step_record", "step_summary", "train_outcome",
+           "worker_seconds"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
 
@@ -64,6 +69,8 @@ class AgentStep:
     per_source: dict[str, dict[str, float]] = field(default_factory=dict)
     train_rejected: list[str] = field(default_factory=list)
     verification: AgentVerification | None = None
+    reconciled: dict[str, list[int]] = field(default_factory=dict)
+    """``rolled_back`` / ``trained_late``: steps :func:`reconcile` found the site's weights disagree on."""
 
 
 def worker_seconds(metrics: Mapping[str, float]) -> float | None:
@@ -74,12 +81,13 @@ def worker_seconds(metrics: Mapping[str, float]) -> float | None:
     return sum(parts) if parts else None
 
 
-def _label(node_name: str, reported: str, node_id: int, taken: Mapping[str, Any]) -> str:
-    """Metrics label of a node: its registration name, else the (well-formed) name it reported."""
-    if not re.fullmatch(AGENT_NAME_PATTERN, reported or ""):
-        reported = ""
-    label = node_name or reported or f"node-{node_id}"
-    return label if label not in taken else f"{label}@{node_id}"
+def claimed_agent(node: Any, reply: Any) -> str:
+    """The agent a node speaks for: its registration name, else the well-formed agent name it reported in
+    a reply, else ``''`` (a claim only: the envelope's signature decides)."""
+    if node.name:
+        return str(node.name)
+    reported = getattr(getattr(reply, "site", None), "agent", "") if reply is not None else ""
+    return reported if isinstance(reported, str) and re.fullmatch(AGENT_NAME_PATTERN, reported) else ""
 
 
 def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Mapping[str, Any],
@@ -87,46 +95,71 @@ def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Ma
                     timeout_s: float) -> tuple[list[AcceptedBatch], dict[str, AgentStep]]:
     """Validate every node's generate reply. Returns the accepted batches and one entry per node.
 
-    The expected signer of a node's envelope is its registration name, or else the name it
-    reported. A second valid batch of an agent already accepted is rejected (``duplicate_agent``).
+    The expected signer of a node's envelope is the agent it claims (:func:`claimed_agent`); an
+    accepted entry is keyed by its verified signer and keeps the delivering node's id, so the agent's
+    train order goes to that node and no other. An agent name claimed by, or verified for, two nodes
+    at one step is an error for every one of them (``duplicate_agent``, logged; entries keyed
+    ``name@node``): none of their batches is pooled. A node without a reply counts as timed out.
     """
     owed = len(plan.prompts) * plan.samples_per_prompt
-    accepted: dict[str, AcceptedBatch] = {}
-    agents: dict[str, AgentStep] = {}
+    found: list[tuple[AgentStep, AcceptedBatch | None]] = []
     for node in nodes:
-        reply = replies[node.node_id]
-        site = reply.site
-        entry = AgentStep(_label(node.name, site.agent, node.node_id, agents), node.node_id,
-                          bytes_in=reply.bytes_in, bytes_out=reply.bytes_out, generate=dict(site.metrics))
+        reply = replies.get(node.node_id)
+        site = reply.site if reply is not None else None
+        claim = claimed_agent(node, reply) if reply is not None and not reply.timed_out else str(node.name or "")
+        entry = AgentStep(claim or f"node-{node.node_id}", node.node_id, bytes_in=getattr(reply, "bytes_in", 0),
+                          bytes_out=getattr(reply, "bytes_out", 0), generate=dict(site.metrics) if site else {})
+        item = None
         try:
-            if reply.timed_out:
+            if reply is None or reply.timed_out:
                 raise BatchRejected(Reason.TIMEOUT, f"no reply within {timeout_s:g} s", rows=owed)
             if reply.error or site.envelope is None:
                 raise BatchRejected(Reason.NODE_ERROR, reply.error or "reply without an envelope", rows=owed)
             if node.name and site.agent and site.agent != node.name:
                 raise BatchRejected(Reason.AGENT_MISMATCH, f"node registered as {node.name!r} reports agent "
                                     f"{site.agent!r}", rows=owed)
-            item = validate_envelope(site.envelope, roster, plan, expected_agent=node.name or site.agent or None,
-                                     max_bytes=max_bytes)
-            if item.agent in accepted:
-                raise BatchRejected(Reason.DUPLICATE_AGENT, f"a batch of {item.agent!r} was already accepted "
-                                    f"at this step", rows=len(item.batch.rollouts))
+            item = validate_envelope(site.envelope, roster, plan, expected_agent=claim or None, max_bytes=max_bytes)
         except BatchRejected as rej:
             entry.status, entry.reason = _STATUS_OF.get(rej.reason, "rejected"), rej.reason.value
             entry.detail, entry.rows_rejected = str(rej), rej.rows
             log.warning("step %d: %s (node %d) %s: %s", plan.step, entry.agent, node.node_id, rej.reason.value, rej)
         else:
-            if entry.agent != item.agent and item.agent not in agents:
-                entry.agent = item.agent  # an unnamed node: label it by its verified signer
-            accepted[item.agent] = item
+            entry.agent = item.agent  # the verified signer (an unnamed node that reported nothing included)
             entry.status, entry.rows_accepted = "accepted", len(item.batch.rollouts)
             entry.fingerprint = item.batch.model_fingerprint
-        agents[entry.agent] = entry
-    return list(accepted.values()), agents
+        found.append((entry, item))
+    by_name: dict[str, list[tuple[AgentStep, AcceptedBatch | None]]] = {}
+    for entry, item in found:
+        by_name.setdefault(entry.agent, []).append((entry, item))
+    accepted: list[AcceptedBatch] = []
+    agents: dict[str, AgentStep] = {}
+    for name, group in by_name.items():
+        if len(group) == 1:
+            entry, item = group[0]
+            agents[name] = entry
+            if item is not None:
+                accepted.append(item)
+            continue
+        holders = ", ".join(str(e.node_id) for e, _ in group)
+        for entry, item in group:
+            entry.rows_rejected += entry.rows_accepted
+            entry.status, entry.reason, entry.rows_accepted, entry.fingerprint = (
+                "rejected", Reason.DUPLICATE_AGENT.value, 0, "")
+            entry.detail = f"agent {name!r} is claimed by nodes {holders} at this step; none of them is pooled"
+            entry.agent = f"{name}@{entry.node_id}"
+            agents[entry.agent] = entry
+        log.warning("step %d: agent %r is claimed by nodes %s: %s for all of them", plan.step, name, holders,
+                    Reason.DUPLICATE_AGENT.value)
+    return accepted, agents
 
 
-def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan) -> None:
-    """Record one participant's train reply (TrainReport) in ``entry``; logs failures."""
+def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan, pool: Collection[str] = ()) -> None:
+    """Record one participant's train reply (TrainReport) in ``entry``; logs failures.
+
+    Only the report's sources that were in the pool (``pool``: the agents whose batches were sent; empty:
+    any) are kept, with bounded metrics (:mod:`~hacrl_fed.coordinator.intake`); the refused-batch lines
+    are bounded to :data:`MAX_LISTED` printable lines.
+    """
     entry.bytes_in += reply.bytes_in
     entry.bytes_out += reply.bytes_out
     problem = "timeout" if reply.timed_out else reply.error
@@ -138,21 +171,95 @@ def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan) -> None:
             problem = "unreadable TrainReport"
     if report is not None and (report.run_id != plan.run_id or report.step != plan.step
                                or report.agent_id != entry.agent):
-        problem = (f"TrainReport for run {report.run_id!r} step {report.step} agent {report.agent_id!r}, "
-                   f"expected {plan.run_id!r} step {plan.step} agent {entry.agent!r}")
+        problem = (f"TrainReport for run {bounded_text(report.run_id, 80)!r} step {report.step} agent "
+                   f"{bounded_text(report.agent_id, 80)!r}, expected {plan.run_id!r} step {plan.step} "
+                   f"agent {entry.agent!r}")
     if problem:
         entry.status, entry.reason, entry.detail = "train_error", "train_timeout" if reply.timed_out else "train_error", problem
         log.warning("step %d: %s train failed: %s", plan.step, entry.agent, problem)
         return
     entry.status = "trained"
     entry.train = dict(reply.site.metrics)
-    entry.per_source = {s.source_agent: dict(s.metrics) for s in report.per_source}
-    entry.train_rejected = [line[:500] for line in report.rejected[:MAX_LISTED]]
+    known = set(pool)
+    sources = [s for s in report.per_source if (not known or s.source_agent in known)
+               and re.fullmatch(AGENT_NAME_PATTERN, s.source_agent)]
+    entry.per_source = {s.source_agent: bounded_metrics(dict(s.metrics)) for s in sources[:MAX_LISTED]}
+    entry.train_rejected = [bounded_text(line) for line in report.rejected[:MAX_LISTED]]
     for line in entry.train_rejected:
         log.warning("step %d: %s refused a peer batch: %s", plan.step, entry.agent, line)
+    if reply.site.checkpoint_error:
+        entry.detail = f"checkpoint failed: {reply.site.checkpoint_error}"
+        log.warning("step %d: %s trained, but its checkpoint failed: %s", plan.step, entry.agent,
+                    reply.site.checkpoint_error)
     if reply.site.generate_error:
         log.warning("step %d: %s could not generate for the next step: %s", plan.step, entry.agent,
                     reply.site.generate_error)
+
+
+TRAINED_STEP_METRIC = "state/trained_step"
+"""Generate metric of a site: the last step its weights hold (0: none), as its worker reports it."""
+
+
+def reconcile(entry: AgentStep, trained: list[int], step: int) -> dict[str, list[int]]:
+    """Make the coordinator's record of an agent's trained steps agree with its weights.
+
+    ``trained`` (ascending; updated in place) are the steps the coordinator recorded as trained at this
+    agent; the site's generate metric :data:`TRAINED_STEP_METRIC` (read only from a node that delivered
+    the agent's verified batch, at ``step``) says which step its weights hold. Recorded steps after it
+    were lost to a roll-back (a restart from an older checkpoint); a held step the record lacks was
+    trained when the coordinator no longer waited (a late reply, an interrupted train phase). Both are
+    logged and stored in ``entry.reconciled``; returns it (empty: they agree, or nothing to compare).
+    """
+    reported = entry.generate.get(TRAINED_STEP_METRIC)
+    if entry.status != "accepted" or reported is None or not float(reported).is_integer() or not 0 <= reported < step:
+        return entry.reconciled
+    held = int(reported)
+    lost = [s for s in trained if s > held]
+    trained[:] = [s for s in trained if s <= held]
+    late = [held] if held > 0 and held not in trained else []
+    trained.extend(late)
+    if lost:
+        entry.reconciled["rolled_back"] = lost
+        log.warning("step %d: %s holds the weights of step %d: %d trained step(s) lost to a roll-back (%s)", step,
+                    entry.agent, held, len(lost), ", ".join(map(str, lost[:10])) + (" …" if len(lost) > 10 else ""))
+    if late:
+        entry.reconciled["trained_late"] = late
+        log.warning("step %d: %s trained step %d, which was recorded as not trained there; counted now", step,
+                    entry.agent, held)
+    return entry.reconciled
+
+
+def step_notices(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], *, trained: bool, min_agents: int,
+                 after_train: bool = False) -> dict[int, str]:
+    """What each node is told with its next order (node id → one line, at most 400 characters): why its
+    batch was not pooled, why the step was skipped, or (``after_train``) why its training was recorded as
+    failed. Nodes with nothing to be told are left out."""
+    out: dict[int, str] = {}
+    pooled = sum(a.status in ("accepted", "trained", "train_error") for a in agents.values())
+    for a in agents.values():
+        if after_train:
+            text = f"your training was recorded as failed: {a.detail}" if a.status == "train_error" else ""
+        elif a.status in ("rejected", "error"):
+            text = f"your batch was not pooled ({a.reason}): {a.detail}"
+        elif a.status == "timeout":
+            text = f"no batch from you arrived in time ({a.detail})"
+        elif a.status == "accepted" and not trained:
+            text = f"step skipped: {pooled} valid batch(es), the coordinator needs {min_agents}"
+        else:
+            text = ""
+        if text:
+            out[a.node_id] = bounded_text(f"step {plan.step}: {text}", 400)
+    return out
+
+
+def interrupted_record(pending: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics line of a step whose train phase a coordinator crash interrupted: not trained (no
+    site's training was recorded), each participant ``interrupted``; sites that did train it are found
+    and counted at their next batch (:func:`reconcile`)."""
+    record = dict(pending, interrupted=True, trained=False)
+    record["agents"] = {name: dict(a, status="interrupted", reason="train_phase_interrupted")
+                        if a.get("status") == "accepted" else a for name, a in pending.get("agents", {}).items()}
+    return record
 
 
 def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
@@ -167,7 +274,8 @@ def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
         "verifier_errors": v.verifier_errors if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
         "generate_s": worker_seconds(a.generate), "train_s": worker_seconds(a.train),
         "model_fingerprint": a.fingerprint, "generate": a.generate, "train": a.train, "per_source": a.per_source,
-        "train_rejected": a.train_rejected,
+        "train_rejected": a.train_rejected, "rolled_back_steps": a.reconciled.get("rolled_back", []),
+        "late_trained_steps": a.reconciled.get("trained_late", []),
     }
 
 
@@ -208,32 +316,36 @@ def step_summary(record: Mapping[str, Any], steps: int) -> str:
 
 
 def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
-    """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems."""
+    """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems, for this run
+    (a site whose model belongs to another run refuses it)."""
     req = wpb.EvaluateRequest(
         prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
                                answer_style=p.answer_style or "boxed") for p in held_out],
         samples=1,
         sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=run.sampling.max_new_tokens,
                                    seed=step_seed(run.seed, -1)),
+        run_id=run.run_id,
     )
     return req.SerializeToString(deterministic=True)
 
 
 def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str, step: int,
                 prompts: int) -> dict[str, Any]:
-    """The metrics line of one held-out evaluation: per agent the worker's metrics or the error."""
+    """The metrics line of one held-out evaluation: per agent (the name each node claims, ``name@node``
+    when two claim one) the worker's bounded metrics or the error."""
+    claims = [claimed_agent(node, replies.get(node.node_id)) or f"node-{node.node_id}" for node in nodes]
     agents: dict[str, Any] = {}
-    for node in nodes:
-        reply = replies[node.node_id]
-        name = node.name or reply.site.agent or f"node-{node.node_id}"
-        if reply.error or reply.timed_out or reply.site.evaluation is None:
-            agents[name] = {"error": reply.error or "timeout"}
+    for node, claim in zip(nodes, claims):
+        reply = replies.get(node.node_id)
+        name = claim if claims.count(claim) == 1 else f"{claim}@{node.node_id}"
+        if reply is None or reply.error or reply.timed_out or reply.site.evaluation is None:
+            agents[name] = {"error": bounded_text(getattr(reply, "error", "")) or "timeout"}
             continue
         try:
             res = wpb.EvaluateResponse.FromString(reply.site.evaluation)
         except DecodeError:
             agents[name] = {"error": "unreadable EvaluateResponse"}
             continue
-        agents[name] = dict(res.metrics)
-        log.info("eval after step %d: %s %s", step, name, " ".join(f"{k}={v:.3f}" for k, v in sorted(res.metrics.items())))
+        agents[name] = bounded_metrics(dict(res.metrics))
+        log.info("eval after step %d: %s %s", step, name, " ".join(f"{k}={v:.3f}" for k, v in sorted(agents[name].items())))
     return {"event": "eval", "run_id": run_id, "step": step, "prompts": prompts, "agents": agents}

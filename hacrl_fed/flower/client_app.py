@@ -76,7 +76,7 @@ def generate(msg: Message, context: Context) -> Message:
 
     def call(link: WorkerLink, reply: SiteReply) -> None:
         plan = _parse(rpb.RoundPlan, records.read_generate_order(msg.content), "round-plan")
-        courier.generate(link, plan, reply, lambda: _time_left(msg))
+        courier.generate(link, plan, reply, lambda: _time_left(msg), notice=records.read_notice(msg.content))
 
     return _serve(msg, context, call)
 
@@ -84,7 +84,9 @@ def generate(msg: Message, context: Context) -> Message:
 @app.train("update")
 def train(msg: Message, context: Context) -> Message:
     """Pool + CapabilityTable → worker Train (it verifies the peers' signatures itself) → TrainReport;
-    then Checkpoint(SAVE) when asked, then Generate for the next plan when the order carries one."""
+    then Checkpoint(SAVE) when asked, then Generate for the next plan when the order carries one. The
+    worker refuses to start training after the message's TTL (minus the reply margin): by then the
+    coordinator has recorded the step as failed here."""
 
     def call(link: WorkerLink, reply: SiteReply) -> None:
         order = records.read_train_order(msg.content)
@@ -94,7 +96,10 @@ def train(msg: Message, context: Context) -> Message:
             run_id=plan.run_id, step=plan.step, plan=plan,
             capabilities=_parse(rpb.CapabilityTable, order.table, "capability-table"),
             envelopes=[_parse(rpb.SignedEnvelope, env, f"pool.{name}") for name, env in sorted(order.envelopes.items())],
+            deadline_unix_s=time.time() + _time_left(msg), notice=order.notice,
         )
+        if order.checkpoint_every is not None:
+            request.checkpoint_every = max(0, min(int(order.checkpoint_every), 2**32 - 1))
         courier.train(link, request, reply, lambda: _time_left(msg), checkpoint=order.checkpoint, next_plan=next_plan)
 
     return _serve(msg, context, call)

@@ -52,6 +52,7 @@ __all__ = [
     "generate_order",
     "read_eval_order",
     "read_generate_order",
+    "read_notice",
     "read_reply",
     "read_train_order",
     "reply_content",
@@ -134,9 +135,19 @@ def _read_metrics(content: RecordDict, name: str) -> dict[str, float]:
 # ----------------------------------------------------------------------------- orders
 
 
-def generate_order(plan: bytes) -> RecordDict:
-    """Generate order: the serialized RoundPlan."""
-    return RecordDict({"plan": ConfigRecord({"round-plan": plan})})
+def generate_order(plan: bytes, *, notice: str = "") -> RecordDict:
+    """Generate order: the serialized RoundPlan, and what the site is told (``notice``, optional)."""
+    cfg = ConfigRecord({"round-plan": plan})
+    if notice:
+        cfg["notice"] = notice
+    return RecordDict({"plan": cfg})
+
+
+def read_notice(content: RecordDict) -> str:
+    """The ``notice`` of a generate or train order (what the coordinator tells the site), '' if none; at most
+    :data:`MAX_TEXT` characters. Raises ProtocolError when it is not a string."""
+    cfg = _record(content, "plan", ConfigRecord, required=False)
+    return _value(cfg, "notice", str, "plan", "")[:MAX_TEXT]
 
 
 def read_generate_order(content: RecordDict) -> bytes:
@@ -154,15 +165,23 @@ class TrainOrder:
     checkpoint: bool = False
     next_plan: bytes = b""
     """The next step's RoundPlan to generate for right after training (empty: none)."""
+    checkpoint_every: int | None = None
+    """The run's checkpoint interval (0: never; None: not said)."""
+    notice: str = ""
 
 
 def train_order(plan: bytes, table: bytes, envelopes: Mapping[str, bytes], *, checkpoint: bool = False,
-                next_plan: bytes = b"") -> RecordDict:
-    """Train order: pooled envelopes by agent, RoundPlan, CapabilityTable, checkpoint flag, next plan."""
+                next_plan: bytes = b"", checkpoint_every: int | None = None, notice: str = "") -> RecordDict:
+    """Train order: pooled envelopes by agent, RoundPlan, CapabilityTable, checkpoint flag, next plan, and
+    (optional) the run's checkpoint interval and what the site is told."""
     pool = ArrayRecord({agent: envelope_array(env) for agent, env in envelopes.items()})
     cfg = ConfigRecord({"round-plan": plan, "capability-table": table, "checkpoint": bool(checkpoint)})
     if next_plan:
         cfg["next-round-plan"] = next_plan
+    if checkpoint_every is not None:
+        cfg["checkpoint-every"] = int(checkpoint_every)
+    if notice:
+        cfg["notice"] = notice
     return RecordDict({"pool": pool, "plan": cfg})
 
 
@@ -175,6 +194,8 @@ def read_train_order(content: RecordDict) -> TrainOrder:
         envelopes={str(k): _array_bytes(v, f"pool.{k}") for k, v in pool.items()},
         checkpoint=_value(cfg, "checkpoint", bool, "plan", False),
         next_plan=_value(cfg, "next-round-plan", bytes, "plan", b""),
+        checkpoint_every=_value(cfg, "checkpoint-every", int, "plan", None),
+        notice=read_notice(content),
     )
 
 
@@ -195,6 +216,8 @@ def reply_content(reply: SiteReply) -> RecordDict:
     site: dict[str, str] = {"agent-name": reply.agent, "version": reply.version}
     if reply.generate_error:
         site["generate-error"] = reply.generate_error
+    if reply.checkpoint_error:
+        site["checkpoint-error"] = reply.checkpoint_error
     records: dict = {"site": ConfigRecord(site), "metrics": _metrics(reply.metrics)}
     if reply.envelope is not None:
         records["rollouts"] = ArrayRecord({"envelope": envelope_array(reply.envelope)})
@@ -215,6 +238,7 @@ def read_reply(content: RecordDict) -> SiteReply:
     out = SiteReply(agent=_value(site, "agent-name", str, "site", "")[:MAX_TEXT],
                     version=_value(site, "version", str, "site", "")[:MAX_TEXT],
                     generate_error=_value(site, "generate-error", str, "site", "")[:MAX_TEXT],
+                    checkpoint_error=_value(site, "checkpoint-error", str, "site", "")[:MAX_TEXT],
                     metrics=_read_metrics(content, "metrics"),
                     generate_metrics=_read_metrics(content, "generate-metrics"))
     rollouts = _record(content, "rollouts", ArrayRecord, required=False)

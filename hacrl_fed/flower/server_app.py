@@ -79,10 +79,11 @@ _MESSAGE_TYPES = {"generate": records.MSG_GENERATE, "train": records.MSG_TRAIN, 
 
 def _content(order: Order) -> RecordDict:
     if order.kind == "generate":
-        return records.generate_order(order.plan)
+        return records.generate_order(order.plan, notice=order.notice)
     if order.kind == "train":
         return records.train_order(order.plan, order.table, order.envelopes, checkpoint=order.checkpoint,
-                                    next_plan=order.next_plan)
+                                    next_plan=order.next_plan, checkpoint_every=order.checkpoint_every,
+                                    notice=order.notice)
     if order.kind == "evaluate":
         return records.eval_order(order.request)
     raise ValueError(f"unknown order kind {order.kind!r}")

@@ -162,19 +162,25 @@ def start_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, no
     return sup.start(name, argv, env=env, on_line=on_line)
 
 
+WORKER_STOP_GRACE_S = 300.0
+"""Seconds a stopped worker gets to finish its request and save its shutdown checkpoint before SIGKILL."""
+
+
 def start_worker(sup: Supervisor, name: str, argv: Sequence[str], *, address_file: str | Path, timeout_s: float = 600.0,
                  env: Mapping[str, str] | None = None, echo: IO[str] | None = None,
-                 echo_filter: Callable[[str], bool] | None = None) -> tuple[ManagedProcess, str]:
+                 echo_filter: Callable[[str], bool] | None = None,
+                 grace_s: float = WORKER_STOP_GRACE_S) -> tuple[ManagedProcess, str]:
     """Start an agent worker (``argv`` must make it write its bound address to ``address_file``).
 
     ``name`` is the process label (log file ``<name>.log``, messages "``<name>`` exited …");
-    ``echo``/``echo_filter`` tee its output (:meth:`Supervisor.start`). Returns the process and its
+    ``echo``/``echo_filter`` tee its output (:meth:`Supervisor.start`); ``grace_s`` is its stop grace period
+    (:data:`WORKER_STOP_GRACE_S`: time for the shutdown checkpoint). Returns the process and its
     address once Health answers ready. Raises RuntimeError with the log tail when it exits or is
     not healthy within ``timeout_s``.
     """
     path = Path(address_file)
     path.unlink(missing_ok=True)
-    proc = sup.start(name, argv, env=env, echo=echo, echo_filter=echo_filter)
+    proc = sup.start(name, argv, env=env, echo=echo, echo_filter=echo_filter, grace_s=grace_s)
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if not proc.alive():

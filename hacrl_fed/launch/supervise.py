@@ -121,6 +121,8 @@ class ManagedProcess:
     popen: subprocess.Popen
     log_path: Path
     _threads: list[threading.Thread] = field(default_factory=list)
+    grace_s: float | None = None
+    """Seconds it gets between SIGTERM and SIGKILL when the supervisor stops it (None: the supervisor's)."""
 
     @property
     def pid(self) -> int:
@@ -220,10 +222,11 @@ class Supervisor:
     def start(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | Path | None = None, echo: IO[str] | None = None,
               echo_filter: Callable[[str], bool] | None = None,
-              on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+              on_line: Callable[[str], None] | None = None, grace_s: float | None = None) -> ManagedProcess:
         """Start ``argv`` in a new session; output to ``<log_dir>/<name>.log``, to ``echo`` (prefixed
         ``[name] ``; only lines ``echo_filter`` accepts, if given) and to ``on_line`` (each line without
-        its newline, called from the copying thread).
+        its newline, called from the copying thread). ``grace_s`` overrides the supervisor's grace period
+        for this process (a worker saving its checkpoint on SIGTERM needs longer).
 
         Raises OSError when the program cannot be started.
         """
@@ -237,7 +240,7 @@ class Supervisor:
         except OSError:
             log_file.close()
             raise
-        proc = ManagedProcess(name, list(argv), popen, log_path)
+        proc = ManagedProcess(name, list(argv), popen, log_path, grace_s=grace_s)
         pump = threading.Thread(target=_pump, args=(popen.stdout, log_file, echo, f"[{name}] ", echo_filter, on_line),
                                 daemon=True, name=f"log-{name}")
         pump.start()
@@ -248,7 +251,7 @@ class Supervisor:
 
     def stop(self, proc: ManagedProcess) -> int | None:
         """Stop one process (and its descendants); it is forgotten afterwards."""
-        code = proc.stop(self.grace_s)
+        code = proc.stop(self.grace_s if proc.grace_s is None else proc.grace_s)
         if proc in self.procs:
             self.procs.remove(proc)
         log.info("stopped %s (exit code %s)", proc.name, code)

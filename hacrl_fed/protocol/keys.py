@@ -15,7 +15,8 @@ The **roster** is a TOML file distributed out of band, mapping agent names to pu
     node_key = "ecdsa-sha2-nistp384 AAAA…"      # optional: SuperNode key to register
 
 Every consumer verifies a batch against its own copy of the roster, never against a key sent by
-the coordinator.
+the coordinator. Weak Ed25519 keys (small-order points such as all zeros or the identity, for which a
+constant signature verifies) are refused wherever a key is loaded (:mod:`hacrl_fed.protocol.weak_keys`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from hacrl_fed.atomic import atomic_write_bytes
+from hacrl_fed.protocol.weak_keys import weak_key_problem
 
 __all__ = [
     "AGENT_NAME_PATTERN",
@@ -202,6 +204,9 @@ def load_verify_key(path: str | Path) -> Ed25519PublicKey:
         raise KeyFileError(f"{path}: not a public key file ({err})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise KeyFileError(f"{path}: expected an Ed25519 public key, got {type(key).__name__}")
+    weak = weak_key_problem(key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+    if weak:
+        raise KeyFileError(f"{path}: refused weak public key: {weak}")
     return key
 
 
@@ -209,13 +214,16 @@ def load_verify_key(path: str | Path) -> Ed25519PublicKey:
 
 
 def _decode_ed25519(text: str) -> Ed25519PublicKey:
-    """Roster base64 → key. Raises ValueError naming the problem (base64, length)."""
+    """Roster base64 → key. Raises ValueError naming the problem (base64, length, a weak key)."""
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("not valid base64") from None
     if len(raw) != 32:
         raise ValueError(f"an Ed25519 public key is 32 bytes, this decodes to {len(raw)}")
+    weak = weak_key_problem(raw)
+    if weak:
+        raise ValueError(f"refused weak key: {weak}; give the agent a real key (`hacrl-fed keys gen`)")
     return Ed25519PublicKey.from_public_bytes(raw)
 
 

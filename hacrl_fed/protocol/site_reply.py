@@ -27,3 +27,6 @@ class SiteReply:
     metrics: dict[str, float] = field(default_factory=dict)
     generate_metrics: dict[str, float] = field(default_factory=dict)
     generate_error: str = ""
+    """Why the generation for the next plan failed after a successful training (train orders)."""
+    checkpoint_error: str = ""
+    """Why the checkpoint asked for after a successful training could not be saved (train orders)."""

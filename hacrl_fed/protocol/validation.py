@@ -12,7 +12,9 @@ with a stable :class:`Reason` code (metrics key) and a one-line detail (log line
 6. run id, then step (a replay from an earlier step fails here)         ``wrong_run``, ``wrong_step``
 7. content against the step's :class:`RoundPlan` (:func:`check_rollouts`): known prompt ids,
    sample indices 0..G-1 with no duplicate and none missing, finite reward in [0, 1], finite
-   behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over ≥ 1 token, a known verdict and finish reason.
+   behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over 1..``max_new_tokens`` tokens, a
+   response text of at most :func:`max_response_chars` characters, a known verdict and finish reason,
+   a model fingerprint of at most :data:`MAX_FINGERPRINT_CHARS` printable ASCII characters.
 
 :func:`check_rollouts` is the one content check of a batch: the coordinator runs it here, and every
 learner site runs it again on each peer batch of the pool it trains on
@@ -47,7 +49,8 @@ from hacrl_fed.protocol.envelope import (
 )
 from hacrl_fed.v1.rollout_pb2 import FinishReason, RolloutBatch, RoundPlan, Verdict
 
-__all__ = ["LOGPROB_TOLERANCE", "AcceptedBatch", "BatchRejected", "Reason", "check_rollouts", "validate_envelope"]
+__all__ = ["LOGPROB_TOLERANCE", "MAX_CHARS_PER_TOKEN", "MAX_FINGERPRINT_CHARS", "AcceptedBatch", "BatchRejected",
+           "Reason", "check_rollouts", "max_response_chars", "validate_envelope"]
 
 
 class Reason(enum.StrEnum):
@@ -67,6 +70,10 @@ class Reason(enum.StrEnum):
     BAD_REWARD = "bad_reward"
     BAD_LOGPROB = "bad_logprob"
     BAD_TOKEN_COUNT = "bad_token_count"
+    TEXT_TOO_LONG = "text_too_long"
+    """A response text longer than the plan's ``max_new_tokens`` tokens can decode to."""
+    BAD_FINGERPRINT = "bad_fingerprint"
+    """A model fingerprint that is too long or not printable ASCII."""
     BAD_VERDICT = "bad_verdict"
     BAD_FINISH_REASON = "bad_finish_reason"
     DUPLICATE_AGENT = "duplicate_agent"
@@ -93,6 +100,16 @@ _FINISH_REASONS = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 _MAX_EXAMPLES = 3
 LOGPROB_TOLERANCE = 1e-4
 """A behaviour log-prob sum may exceed 0 by float rounding up to this much (nats); the sites use the same."""
+MAX_CHARS_PER_TOKEN = 128
+"""Characters one generated token may decode to, at most (the longest tokens of the SmolLM2 and Gemma-3
+vocabularies decode to 81 and 31 characters)."""
+MAX_FINGERPRINT_CHARS = 128
+"""Characters of a batch's ``model_fingerprint`` (``sha256:`` + 64 hex digits is 71)."""
+
+
+def max_response_chars(max_new_tokens: int) -> int:
+    """Longest response text (characters) ``max_new_tokens`` generated tokens can decode to."""
+    return MAX_CHARS_PER_TOKEN * max(1, int(max_new_tokens))
 
 
 class BatchRejected(Exception):
@@ -129,8 +146,8 @@ def eos_logprob_ok(r) -> bool:
             and r.behaviour_logprob_sum <= e + LOGPROB_TOLERANCE)
 
 
-def _row_problem(r, samples_per_prompt: int) -> Reason | None:
-    """The first problem of one rollout's numbers and enums, or None."""
+def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None) -> Reason | None:
+    """The first problem of one rollout's numbers, lengths and enums, or None."""
     if r.sample_index >= samples_per_prompt:
         return Reason.BAD_SAMPLE_INDEX
     if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
@@ -139,8 +156,10 @@ def _row_problem(r, samples_per_prompt: int) -> Reason | None:
         return Reason.BAD_LOGPROB
     if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
         return Reason.BAD_LOGPROB
-    if r.behaviour_token_count < 1:
+    if r.behaviour_token_count < 1 or (max_new_tokens is not None and r.behaviour_token_count > max_new_tokens):
         return Reason.BAD_TOKEN_COUNT
+    if max_new_tokens is not None and len(r.response_text) > max_response_chars(max_new_tokens):
+        return Reason.TEXT_TOO_LONG
     if r.verdict not in _VERDICTS:
         return Reason.BAD_VERDICT
     if r.finish_reason not in _FINISH_REASONS:
@@ -148,15 +167,22 @@ def _row_problem(r, samples_per_prompt: int) -> Reason | None:
     return None
 
 
-def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per_prompt: int) -> None:
+def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per_prompt: int, *,
+                   max_new_tokens: int | None) -> None:
     """Check a parsed batch's rollouts against the step's plan (step 7 of the module docstring).
 
     Expects exactly G = ``samples_per_prompt`` rollouts for every one of ``prompt_ids`` (the plan's
-    prompts), with sample indices 0..G-1. Raises :class:`BatchRejected` with the first failing
-    check's reason; the detail names up to three offending rows as ``prompt_id#sample_index``.
+    prompts), with sample indices 0..G-1, each with 1..``max_new_tokens`` behaviour tokens and a text
+    of at most :func:`max_response_chars` (``max_new_tokens``) characters (None: no length bound; the
+    coordinator and the learners always pass the plan's). Raises :class:`BatchRejected` with the first
+    failing check's reason; the detail names up to three offending rows as ``prompt_id#sample_index``.
     """
     rows = len(batch.rollouts)
     g = samples_per_prompt
+    fingerprint = batch.model_fingerprint
+    if len(fingerprint) > MAX_FINGERPRINT_CHARS or not (fingerprint.isascii() and fingerprint.isprintable()):
+        raise BatchRejected(Reason.BAD_FINGERPRINT, f"model_fingerprint of {len(fingerprint)} characters "
+                            f"(at most {MAX_FINGERPRINT_CHARS} printable ASCII)", rows=rows)
     known = set(prompt_ids)
     unknown = [repr(r.prompt_id[:40]) for r in batch.rollouts if r.prompt_id not in known]
     if unknown:
@@ -164,13 +190,14 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
                             rows=rows)
     bad: dict[Reason, list[str]] = {}
     for r in batch.rollouts:
-        problem = _row_problem(r, g)
+        problem = _row_problem(r, g, max_new_tokens)
         if problem is not None:
             bad.setdefault(problem, []).append(
                 f"{r.prompt_id}#{r.sample_index} (reward={r.reward!r}, logprob_sum={r.behaviour_logprob_sum!r}, "
-                f"tokens={r.behaviour_token_count}, verdict={r.verdict}, finish={r.finish_reason})")
+                f"tokens={r.behaviour_token_count}, chars={len(r.response_text)}, verdict={r.verdict}, "
+                f"finish={r.finish_reason})")
     for reason in (Reason.BAD_SAMPLE_INDEX, Reason.BAD_REWARD, Reason.BAD_LOGPROB, Reason.BAD_TOKEN_COUNT,
-                   Reason.BAD_VERDICT, Reason.BAD_FINISH_REASON):
+                   Reason.TEXT_TOO_LONG, Reason.BAD_VERDICT, Reason.BAD_FINISH_REASON):
         if reason in bad:
             raise BatchRejected(reason, f"{len(bad[reason])} invalid rollout(s): {_examples(bad[reason])}", rows=rows)
     counts = Counter((r.prompt_id, r.sample_index) for r in batch.rollouts)
@@ -213,5 +240,6 @@ def validate_envelope(
     except EnvelopeError as err:
         reason = next((code for cls, code in _ENVELOPE_REASONS if isinstance(err, cls)), Reason.MALFORMED)
         raise BatchRejected(reason, str(err), rows=owed) from None
-    check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt)
+    check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt,
+                   max_new_tokens=plan.sampling.max_new_tokens or None)
     return AcceptedBatch(agent=batch.agent_id, batch=batch, envelope=bytes(raw))

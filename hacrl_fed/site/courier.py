@@ -8,7 +8,7 @@ records and hands the decoded protobufs to one function here, with the
 * :func:`generate` — RoundPlan → worker Generate → signed envelope;
 * :func:`train` — pool + CapabilityTable → worker Train (it verifies the peers' signatures itself)
   → TrainReport; then Checkpoint(SAVE) when asked, then Generate for the next plan when the order
-  carries one (a failed generation does not lose the training result);
+  carries one (a failed checkpoint or generation does not lose the training result);
 * :func:`evaluate` — held-out prompts → worker Evaluate → EvaluateResponse.
 
 ``time_left()`` is the number of seconds the next worker call may take (the message's TTL minus
@@ -32,20 +32,28 @@ __all__ = ["evaluate", "generate", "train"]
 TimeLeft = Callable[[], float]
 
 
-def generate(link: WorkerLink, plan: rpb.RoundPlan, reply: SiteReply, time_left: TimeLeft) -> None:
-    """RoundPlan → worker Generate → signed envelope."""
-    res = link.generate(plan, timeout_s=time_left())
+def generate(link: WorkerLink, plan: rpb.RoundPlan, reply: SiteReply, time_left: TimeLeft, *,
+             notice: str = "") -> None:
+    """RoundPlan → worker Generate → signed envelope. ``notice`` (what the coordinator tells the site)
+    goes to the worker, whose log line the site's terminal shows."""
+    res = link.generate(plan, timeout_s=time_left(), notice=notice)
     reply.envelope, reply.metrics = res.envelope.SerializeToString(), dict(res.metrics)
 
 
 def train(link: WorkerLink, request: wpb.TrainRequest, reply: SiteReply, time_left: TimeLeft, *,
           checkpoint: bool = False, next_plan: rpb.RoundPlan | None = None) -> None:
-    """Worker Train → TrainReport; then Checkpoint(SAVE) if ``checkpoint``; then Generate for ``next_plan``."""
+    """Worker Train → TrainReport; then Checkpoint(SAVE) if ``checkpoint``; then Generate for ``next_plan``.
+
+    A failed checkpoint does not lose the training result (the update is applied): it goes back as
+    ``reply.checkpoint_error`` with the report."""
     report = link.train(request, timeout_s=time_left())
     reply.report, reply.metrics = report.SerializeToString(), dict(report.metrics)
     if checkpoint:
         t0 = time.time()
-        link.checkpoint(timeout_s=time_left())
+        try:
+            link.checkpoint(timeout_s=time_left())
+        except WorkerError as err:  # the worker logged it on the site's terminal; the coordinator is told
+            reply.checkpoint_error = str(err)
         reply.metrics["time/checkpoint_s"] = time.time() - t0
     if next_plan is not None:
         try:

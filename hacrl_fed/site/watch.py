@@ -5,8 +5,9 @@ operator needs (ARCHITECTURE.md §1):
 
 * :class:`SupernodeWatcher` reads ``flower-supernode``'s log lines as they are written and reports
   connection trouble once (then at most every ``repeat_s`` seconds) in plain words: the
-  coordinator is unreachable, this node's key is not registered there yet, the TLS certificate
-  does not match; and when the node is connected again;
+  coordinator is unreachable, it refuses to activate this node (the key is not registered there, or
+  a node with this key is still connected: what is known is said), the TLS certificate does not
+  match, the node's own port is taken; and when the node is connected again;
 * :func:`worker_line_visible` selects the worker's own log lines (one per generated and trained
   step, evaluations, checkpoints, warnings) for the terminal.
 
@@ -63,6 +64,8 @@ class SupernodeWatcher:
         self.run_id: str | None = None
         self.flower_exit: int | None = None
         self.reason = ""
+        self.fatal = ""
+        """Set when a restart cannot help (its ClientApp API port is taken): the site stops."""
         self._exiting = False
         self._reported: dict[str, float] = {}
         self._after_exit = 0
@@ -96,7 +99,8 @@ class SupernodeWatcher:
             if not self._exiting:  # after Flower's exit message: its helper process losing the dying node
                 self._lost()
             return
-        if "SSL/TLS handshake error" in line or "CERTIFICATE_VERIFY_FAILED" in line:
+        if "SSL/TLS handshake error" in line or "CERTIFICATE_VERIFY_FAILED" in line or (
+                "already in use" in line and "ort" in line):
             self._explain(line)
             return
         if (m := _ROUND.search(line)) is not None:
@@ -123,10 +127,21 @@ class SupernodeWatcher:
         self.connected = False
         if "Failed to activate SuperNode" in line or "[code: 2004]" in line:
             key = self.node_key and self.node_key.removesuffix(".key") + ".pub"  # `hacrl-fed keys gen` naming
-            self._report("not_registered", logging.WARNING,
-                         f"the coordinator at {self.superlink} refuses this node: its key ({key or 'node key'}) is not "
-                         f"registered there yet (the coordinator registers the roster's node keys when "
-                         f"`hacrl-fed server` starts; check that your roster entry reached it); retrying")
+            if self.was_connected:  # the key was accepted before: it is registered
+                why = ("this site was connected before with this key, so the key is registered: the coordinator "
+                       "still holds this node's previous connection (released about a minute after its last "
+                       "heartbeat), or another process or site now uses the same key")
+            else:
+                why = (f"either its key ({key or 'node key'}) is not registered there (the coordinator registers "
+                       f"the roster's node keys when `hacrl-fed server` starts; check that your roster entry reached "
+                       f"it), or a node with this key is still connected there (a SuperNode or client restarted "
+                       f"less than about a minute ago, or another site uses the same key)")
+            self._report("not_activated", logging.WARNING,
+                         f"the coordinator at {self.superlink} refuses to activate this node (Flower code 2004): "
+                         f"{why}; retrying")
+        elif "already in use" in line and "ort" in line:
+            self.fatal = f"flower-supernode cannot listen: {line}"
+            self._report("port", logging.ERROR, self.fatal)
         elif any(k in line.lower() for k in ("connection refused", "connection attempts failed", "name or service",
                                               "timed out", "unreachable")):
             self._lost()

@@ -56,9 +56,10 @@ class WorkerLink:
             cls = WorkerUnavailableError if code in _UNAVAILABLE else WorkerError
             raise cls(text, code.name) from None
 
-    def generate(self, plan: rpb.RoundPlan, timeout_s: float) -> wpb.GenerateResponse:
-        """Generate, score and sign the step's rollouts. Raises WorkerError / WorkerUnavailableError."""
-        return self._call("Generate", wpb.GenerateRequest(plan=plan), timeout_s)
+    def generate(self, plan: rpb.RoundPlan, timeout_s: float, notice: str = "") -> wpb.GenerateResponse:
+        """Generate, score and sign the step's rollouts (``notice``: what the coordinator tells the site).
+        Raises WorkerError / WorkerUnavailableError."""
+        return self._call("Generate", wpb.GenerateRequest(plan=plan, notice=notice), timeout_s)
 
     def train(self, request: wpb.TrainRequest, timeout_s: float) -> rpb.TrainReport:
         """Verify the pool and run the HACPO update. Raises WorkerError / WorkerUnavailableError."""

@@ -22,6 +22,8 @@ trainer (counted per source).
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -136,10 +138,65 @@ def own_row(*, prompt_id: str, sample_index: int, agent: str, prompt_ids: Sequen
     )
 
 
+_CONTROL_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def control_ids(tokenizer) -> frozenset[int]:
+    """Ids that no peer text may produce in a learner view: every special id (BOS, EOS, pad, unk, chat-turn
+    markers …) and every added token whose content is not plain whitespace (``<start_of_image>``,
+    ``[multimodal]``, ``<think>`` …). Computed once per tokenizer."""
+    try:
+        return _CONTROL_IDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    for i, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False) or str(getattr(token, "content", token)).strip():
+            ids.add(int(i))
+    out = frozenset(ids)
+    with contextlib.suppress(TypeError):
+        _CONTROL_IDS[tokenizer] = out
+    return out
+
+
+def _spell(model, piece: str, control: frozenset[int], depth: int = 0) -> list[int]:
+    """Ids of the tokenizer ``model`` (its own piece representation, no normalizer or pre-tokenizer) that
+    spell ``piece`` without a control id: the first character, then the rest, split further while a part
+    still maps to a control id; a single character that only maps to one is dropped."""
+    ids = [t.id for t in model.tokenize(piece)]
+    if not control.intersection(ids):
+        return ids
+    if len(piece) <= 1 or depth > 64:
+        return [i for i in ids if i not in control]
+    return _spell(model, piece[:1], control, depth + 1) + _spell(model, piece[1:], control, depth + 1)
+
+
 def encode_response_text(tokenizer, text: str) -> list[int]:
-    """Learner ids of a shared response text: no special tokens added, literal special-token strings kept as
-    text where the tokenizer allows it (``split_special_tokens``), so peer text cannot inject control tokens."""
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids)
+    """Learner ids of a shared response text, never a control id (:func:`control_ids`).
+
+    Encoded without special tokens and with literal special-token strings kept as text
+    (``split_special_tokens``). Vocabularies that also hold control pieces in the model itself
+    (SentencePiece Unigram: ``<eos>``, ``<pad>``, ``<bos>``, ``<unk>`` are pieces, and ``split_special_tokens``
+    does not reach them) or that map non-special added tokens (``<start_of_image>``) still yield control ids;
+    each is re-spelled from ordinary pieces of the text it stood for (``<`` ``eos`` ``>``). A character the
+    vocabulary can only map to the unknown id, and anything else that cannot be re-spelled, is dropped, so
+    peer text can never make a learner train on a control token.
+    """
+    ids = [int(i) for i in tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids]
+    control = control_ids(tokenizer)
+    if not control.intersection(ids):
+        return ids
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    if model is None:  # no access to the vocabulary's pieces: drop what cannot be trusted
+        return [i for i in ids if i not in control]
+    enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    out: list[int] = []
+    for i, (start, end) in zip(enc.input_ids, enc.offset_mapping):
+        if int(i) not in control:
+            out.append(int(i))
+        elif end > start:  # the text this id stood for, spelled with ordinary pieces (unknown characters: dropped)
+            out.extend(_spell(model, text[start:end], control))
+    return out
 
 
 def foreign_row(tokenizer, prompt_ids: Sequence[int], rollout, source_agent: str, max_response_tokens: int, *,

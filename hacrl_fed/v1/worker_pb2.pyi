@@ -9,10 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("plan",)
+    __slots__ = ("plan", "notice")
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_FIELD_NUMBER: _ClassVar[int]
     plan: _rollout_pb2.RoundPlan
-    def __init__(self, plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ...) -> None: ...
+    notice: str
+    def __init__(self, plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ..., notice: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("envelope", "metrics")
@@ -30,28 +32,36 @@ class GenerateResponse(_message.Message):
     def __init__(self, envelope: _Optional[_Union[_rollout_pb2.SignedEnvelope, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("run_id", "step", "envelopes", "capabilities", "plan")
+    __slots__ = ("run_id", "step", "envelopes", "capabilities", "plan", "deadline_unix_s", "checkpoint_every", "notice")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ENVELOPES_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     envelopes: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.SignedEnvelope]
     capabilities: _rollout_pb2.CapabilityTable
     plan: _rollout_pb2.RoundPlan
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., envelopes: _Optional[_Iterable[_Union[_rollout_pb2.SignedEnvelope, _Mapping]]] = ..., capabilities: _Optional[_Union[_rollout_pb2.CapabilityTable, _Mapping]] = ..., plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ...) -> None: ...
+    deadline_unix_s: float
+    checkpoint_every: int
+    notice: str
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., envelopes: _Optional[_Iterable[_Union[_rollout_pb2.SignedEnvelope, _Mapping]]] = ..., capabilities: _Optional[_Union[_rollout_pb2.CapabilityTable, _Mapping]] = ..., plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., notice: _Optional[str] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
-    __slots__ = ("prompts", "samples", "sampling")
+    __slots__ = ("prompts", "samples", "sampling", "run_id")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.PromptItem]
     samples: int
     sampling: _rollout_pb2.SamplingParams
-    def __init__(self, prompts: _Optional[_Iterable[_Union[_rollout_pb2.PromptItem, _Mapping]]] = ..., samples: _Optional[int] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    run_id: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[_rollout_pb2.PromptItem, _Mapping]]] = ..., samples: _Optional[int] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class EvaluateResult(_message.Message):
     __slots__ = ("prompt_id", "correct", "total")

@@ -21,7 +21,8 @@ from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
-from hacrl_fed.worker.checkpoint import CheckpointManager, TrainingState, export_hf
+from hacrl_fed.atomic import DirLock
+from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, export_hf
 from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
@@ -35,6 +36,14 @@ detail_log = logging.getLogger("hacrl_fed.worker.detail")
 """Lines for the worker's log file only (``hacrl-fed client`` shows ``hacrl_fed.worker`` lines on the terminal)."""
 
 MAX_SAMPLES_PER_PROMPT = 1024
+MAX_NEW_TOKENS = 65536
+"""Largest generation cap a request may ask for."""
+MAX_PROMPTS = 4096
+"""Prompts of one request, at most."""
+MAX_PROMPT_CHARS = 100_000
+"""Characters of one problem statement, at most."""
+MAX_ID_CHARS = 256
+"""Characters of a prompt id or run id, at most."""
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 _VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
 
@@ -43,6 +52,8 @@ def sampling_from_proto(sp: pb.SamplingParams, default_max_new_tokens: int) -> S
     """Proto ``SamplingParams`` → :class:`Sampling`. Proto3 zeros mean unset: ``top_p`` 0 ⇒ 1,
     ``max_new_tokens`` 0 ⇒ ``default_max_new_tokens`` (temperature 0 is greedy). Raises
     :class:`InvalidRequestError` for out-of-range values."""
+    if sp.max_new_tokens > MAX_NEW_TOKENS:
+        raise InvalidRequestError(f"max_new_tokens must be <= {MAX_NEW_TOKENS}, got {sp.max_new_tokens}")
     try:
         return Sampling(temperature=sp.temperature, top_p=sp.top_p or 1.0, top_k=sp.top_k,
                         max_new_tokens=sp.max_new_tokens or default_max_new_tokens)
@@ -85,12 +96,19 @@ def train_summary(report: pb.TrainReport) -> str:
 
 
 def _check_prompts(prompts) -> None:
+    """Raises InvalidRequestError for no prompts, too many, empty/duplicate/overlong ids, empty or overlong
+    text, an unknown answer style."""
     if not prompts:
         raise InvalidRequestError("the request has no prompts")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequestError(f"the request has {len(prompts)} prompts, at most {MAX_PROMPTS} are allowed")
     ids = [p.prompt_id for p in prompts]
-    if any(not i for i in ids) or len(set(ids)) != len(ids):
-        raise InvalidRequestError("prompt ids must be non-empty and unique")
+    if any(not i or len(i) > MAX_ID_CHARS for i in ids) or len(set(ids)) != len(ids):
+        raise InvalidRequestError(f"prompt ids must be non-empty, unique and at most {MAX_ID_CHARS} characters")
     for p in prompts:
+        if len(p.text) > MAX_PROMPT_CHARS:
+            raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
+                                      f"{MAX_PROMPT_CHARS} are allowed")
         if not p.text.strip():
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
         if p.answer_style not in ("", "boxed", "gsm8k"):
@@ -105,18 +123,22 @@ class AgentWorker:
         checkpoint_dir: where checkpoints go (default ``cfg.checkpoint_dir`` or ``runs/<name>/checkpoints``).
         sampling: defaults for requests that leave sampling fields unset.
         max_batch_bytes: size cap of one peer RolloutBatch.
-        resume: load the newest checkpoint in ``checkpoint_dir`` at start-up, if any.
+        resume: load the newest intact checkpoint in ``checkpoint_dir`` at start-up, if any (an unusable one
+            is skipped with a warning naming it).
+        run_id: the run this worker is for (None: any); a resumed checkpoint of another run is refused.
         keep_checkpoints: checkpoints kept on disk (older ones are deleted).
         max_batch_sequences: sequences per ``generate`` call.
         verifier: a running :class:`~hacrl_fed.reward.Verifier` to share (default: start one from ``cfg.verifier``).
 
-    Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded.
+    Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded;
+    ``CheckpointError`` when checkpoints exist but none is intact, or they belong to another run than ``run_id``;
+    ``LockedError`` when another process uses ``checkpoint_dir``.
     """
 
     def __init__(self, cfg: AgentConfig, *, checkpoint_dir: str | Path | None = None,
                  sampling: SamplingConfig | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  resume: bool = True, keep_checkpoints: int = 3, max_batch_sequences: int = 32,
-                 verifier: Verifier | None = None) -> None:
+                 verifier: Verifier | None = None, run_id: str | None = None) -> None:
         if not cfg.private_key:
             raise ValueError(f"agent {cfg.name!r} needs agent.private_key (create one with `hacrl-fed keys gen`)")
         self.cfg = cfg
@@ -125,7 +147,13 @@ class AgentWorker:
         self.key = load_signing_key(cfg.private_key)
         self.roster = Roster.load(cfg.roster) if cfg.roster else {}
         self.lock = threading.Lock()
-        self.loaded = load_model(cfg.model)
+        root = Path(checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints")
+        self._dir_lock = DirLock(root, what=f"the checkpoints of {cfg.name}")  # before a model loads
+        try:
+            self.loaded = load_model(cfg.model)
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self.model, self.tokenizer = self.loaded.model, self.loaded.tokenizer
         ref = None
         if cfg.algo.kl_coef > 0:
@@ -139,13 +167,28 @@ class AgentWorker:
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
-        self._own_verifier = verifier is None
-        self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
-        root = checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints"
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
-        if resume and self.checkpoints.latest() is not None:
-            self._resume(self.checkpoints.latest())
+        self._saved_step = 0
+        self.checkpoint_every: int | None = None
+        """The run's checkpoint interval as the last train order said (None: not said; 0: never)."""
+        try:
+            found = self.checkpoints.load_latest(self.model, self.trainer.optimizer,
+                                                 fingerprint=model_fingerprint) if resume else None
+            if found is not None:
+                path, state = found
+                self.trainer.step, self.trainer.run_id, self.trainer.capability = (state.step, state.run_id,
+                                                                                   state.capability)
+                self._saved_step = state.step
+                detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
+                if run_id and state.run_id and state.run_id != run_id:
+                    raise CheckpointError(f"{root} holds checkpoints of run {state.run_id!r} (step {state.step}), "
+                                          f"this site is for run {run_id!r}: move them away or use another output_dir")
+        except BaseException:
+            self._dir_lock.release()
+            raise
+        self._own_verifier = verifier is None
+        self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
         _ = self.fingerprint
 
     # ------------------------------------------------------------------ helpers
@@ -157,14 +200,9 @@ class AgentWorker:
             self._fingerprint = model_fingerprint(self.model)
         return self._fingerprint
 
-    def _resume(self, path: Path) -> None:
-        state = CheckpointManager.load(path, self.model, self.trainer.optimizer)
-        self.trainer.step, self.trainer.run_id, self.trainer.capability = state.step, state.run_id, state.capability
-        self._fingerprint = None
-
     def _check_run(self, run_id: str, step: int, *, for_generate: bool) -> None:
-        if not run_id:
-            raise InvalidRequestError("run_id is empty")
+        if not run_id or len(run_id) > MAX_ID_CHARS:
+            raise InvalidRequestError(f"run_id must be 1..{MAX_ID_CHARS} characters")
         bound = self.trainer.run_id
         if bound and run_id != bound:
             raise PreconditionError(f"this worker is in run {bound!r}, the request is for run {run_id!r}")
@@ -178,14 +216,39 @@ class AgentWorker:
                 for p in prompts}
 
     def close(self) -> None:
-        """Stop the verifier processes (unless the verifier was passed in by the caller)."""
+        """Stop the verifier processes (unless the verifier was passed in by the caller) and release the
+        checkpoint directory."""
         if self._own_verifier:
             self.verifier.close()
+        self._dir_lock.release()
+
+    def save_on_shutdown(self) -> Path | None:
+        """On a clean shutdown: checkpoint the trained steps no checkpoint holds yet (waits for a running
+        request), unless the run turned checkpoints off (``checkpoint_every = 0``). Returns the path or None."""
+        with self.lock:
+            if not self.trainer.run_id or self.trainer.step <= self._saved_step or self.checkpoint_every == 0:
+                return None
+            path = self._save("")
+        log.info("step %d checkpoint saved on shutdown: %s", self.trainer.step, path)
+        return path
+
+    def _save(self, path: str) -> Path:
+        """Checkpoint the current state (the lock is held)."""
+        step = self.trainer.step
+        state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
+                              fingerprint=self.fingerprint, extra={"agent": self.name})
+        saved = self.checkpoints.save(self.model, self.trainer.optimizer, state, path or None)
+        if not path:
+            self._saved_step = step
+        return saved
 
     # ------------------------------------------------------------------ operations
 
-    def generate(self, plan: pb.RoundPlan) -> wpb.GenerateResponse:
+    def generate(self, plan: pb.RoundPlan, notice: str = "") -> wpb.GenerateResponse:
         """G × multiplier responses per prompt → verify → sign. Raises InvalidRequestError / PreconditionError.
+
+        ``notice`` (what the coordinator tells this site, e.g. why its last batch was refused) is logged as a
+        warning line, which the site's terminal shows.
 
         With ``algo.rollout_multiplier`` m > 1 (GSPO×2) the learner trains on all m·G own responses, but
         publishes (signs and returns) only the plan's G per prompt (sample indices 0..G−1), so the
@@ -196,9 +259,12 @@ class AgentWorker:
                                       f"got {plan.samples_per_prompt}")
         _check_prompts(plan.prompts)
         sampling = sampling_from_proto(plan.sampling, self.sampling_defaults.max_new_tokens)
+        _show_notice(notice)
         if plan.deadline_unix_s and time.time() > plan.deadline_unix_s:
             raise PreconditionError(f"the plan's deadline ({plan.deadline_unix_s:.0f}) has passed")
         with self.lock:
+            if plan.deadline_unix_s and time.time() > plan.deadline_unix_s:
+                raise PreconditionError(f"the plan's deadline ({plan.deadline_unix_s:.0f}) passed while waiting")
             self._check_run(plan.run_id, plan.step, for_generate=True)
             t0 = time.perf_counter()
             prompt_ids = self._render(plan.prompts)
@@ -214,7 +280,8 @@ class AgentWorker:
             self.trainer.remember(StepRollouts(
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
-                payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch))
+                payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
+                max_new_tokens=sampling.max_new_tokens))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,
@@ -225,6 +292,7 @@ class AgentWorker:
                 "verifier_error": float(sum(r.verdict == pb.VERIFIER_ERROR for r in batch.rollouts)),
                 **verifier_counts,
                 "payload_bytes": float(len(envelope.payload)), "rss_bytes": process_rss_bytes(),
+                "state/trained_step": float(self.trainer.step),   # the coordinator compares it with its record
             }
             detail_log.info("step %d generated: %d rollouts for %d prompts, mean reward %.3f, %d tokens, %.1f s",
                      plan.step, len(samples), len(order), metrics["reward_mean"], tokens, time.perf_counter() - t0)
@@ -257,8 +325,19 @@ class AgentWorker:
         return batch
 
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
-        """Verify the pooled envelopes and run the HACPO update of ``req.step``."""
+        """Verify the pooled envelopes and run the HACPO update of ``req.step``.
+
+        Refuses (PreconditionError, weights unchanged) an order whose ``deadline_unix_s`` has passed when it
+        would start, e.g. after a stall: the coordinator has already recorded that step as failed here.
+        """
+        _show_notice(req.notice)
         with self.lock:
+            late = time.time() - req.deadline_unix_s
+            if req.deadline_unix_s and late > 0:
+                raise PreconditionError(f"the train order of step {req.step} expired {late:.0f} s ago (the "
+                                        f"coordinator no longer waits for it): not trained")
+            if req.HasField("checkpoint_every"):
+                self.checkpoint_every = req.checkpoint_every
             plan = req.plan if req.HasField("plan") else pb.RoundPlan(run_id=req.run_id, step=req.step)
             if (plan.run_id, plan.step) != (req.run_id, req.step):
                 raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
@@ -273,7 +352,14 @@ class AgentWorker:
             return report
 
     def evaluate(self, req: wpb.EvaluateRequest) -> wpb.EvaluateResponse:
-        """k samples per prompt (greedy if k = 1 and temperature 0); avg@k and pass@k."""
+        """k samples per prompt (greedy if k = 1 and temperature 0); avg@k and pass@k.
+
+        Refuses (PreconditionError) a request of another run than the one this worker's weights belong to.
+        """
+        bound = self.trainer.run_id
+        if req.run_id and bound and req.run_id != bound:
+            raise PreconditionError(f"this worker holds the model of run {bound!r} (step {self.trainer.step}), "
+                                    f"not of run {req.run_id[:MAX_ID_CHARS]!r}: not evaluated")
         _check_prompts(req.prompts)
         k = req.samples or 1
         if k > MAX_SAMPLES_PER_PROMPT:
@@ -312,11 +398,16 @@ class AgentWorker:
             if req.kind == wpb.CheckpointRequest.EXPORT:
                 out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out)), step=step)
-            state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
-                                  fingerprint=self.fingerprint, extra={"agent": self.name})
-            path = self.checkpoints.save(self.model, self.trainer.optimizer, state, req.path or None)
+            path = self._save(req.path)
             detail_log.info("step %d checkpoint saved: %s", step, path)
             return wpb.CheckpointResponse(path=str(path), step=step)
+
+
+def _show_notice(notice: str) -> None:
+    """Log what the coordinator tells this site (one printable line, at most 500 characters)."""
+    if notice:
+        text = "".join(c if c.isprintable() else " " for c in notice[:500])
+        log.warning("coordinator: %s", text)
 
 
 def _published(batch: pb.RolloutBatch, samples_per_prompt: int) -> pb.RolloutBatch:

@@ -5,19 +5,27 @@ A checkpoint is a directory ``<root>/step-<NNNNNNNN>/`` holding
 * ``model.safetensors`` (full fine-tuning) or ``adapter.safetensors`` (LoRA: adapter weights only),
 * ``optimizer.pt`` (AdamW state), ``rng.pt`` (python, numpy, torch CPU and CUDA generator states),
 * ``state.json``: step, run id, the capability view (last ``CapabilityTable``, base64 protobuf),
-  model fingerprint and any extra JSON the worker adds.
+  model fingerprint, any extra JSON the worker adds, the size and SHA-256 of every other file, and a
+  SHA-256 of its own content.
 
 It is written into a temporary sibling directory, every file and the directory are fsynced, and
 the directory is renamed into place; ``<root>/latest`` (written with tmp file + ``os.replace``)
 names the newest one. A crash leaves either the old or the new checkpoint, never a mix
 (ARCHITECTURE §8 "Resume"). Only the last ``keep_last`` checkpoints are kept.
+
+Loading verifies before it touches the model: every file must have its recorded size and SHA-256
+(a truncated or bit-flipped file is named in a one-line :class:`CheckpointError`), and after loading
+the model's fingerprint must equal the recorded one. :meth:`CheckpointManager.load_latest` falls back
+to the newest intact checkpoint with a one-line warning naming each unusable one.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -34,7 +42,10 @@ from hacrl_fed.atomic import atomic_write_text, fsync_dir
 
 __all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "export_hf", "get_rng_state", "set_rng_state"]
 
-FORMAT_VERSION = 1
+log = logging.getLogger("hacrl_fed.worker")
+
+FORMAT_VERSION = 2
+"""2: per-file sizes and SHA-256 digests and a digest of ``state.json`` (1: none; still loaded, fingerprint-checked)."""
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
@@ -150,7 +161,9 @@ class CheckpointManager:
             "format": FORMAT_VERSION, "step": state.step, "run_id": state.run_id,
             "capability_b64": base64.b64encode(state.capability).decode("ascii"),
             "fingerprint": state.fingerprint, "lora": _is_lora(model), "extra": state.extra,
+            "files": {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(d.iterdir())},
         }
+        meta["digest"] = _meta_digest(meta)
         (d / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
     def _write_latest(self, name: str) -> None:
@@ -174,26 +187,48 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1] if found else None
 
+    def candidates(self) -> list[Path]:
+        """Checkpoints to resume from, best first: the ``latest`` pointer's, then the others newest first."""
+        found = list(reversed(self.checkpoints()))
+        best = self.latest()
+        return ([best] if best is not None else []) + [p for p in found if p != best]
+
+    def load_latest(self, model, optimizer=None, *, fingerprint=None) -> tuple[Path, TrainingState] | None:
+        """Load the newest intact checkpoint (see :meth:`load`); None when there is none at all.
+
+        Each unusable one is skipped with a one-line warning naming it. Raises :class:`CheckpointError`
+        (one line naming every file tried) when checkpoints exist but none is intact.
+        """
+        tried = []
+        for path in self.candidates():
+            try:
+                return path, self.load(path, model, optimizer, fingerprint=fingerprint)
+            except CheckpointError as err:
+                tried.append(str(err))
+                log.warning("checkpoint unusable, trying an older one: %s", err)
+        if tried:
+            raise CheckpointError(f"no intact checkpoint in {self.root}: {'; '.join(tried)} (move them away to start "
+                                  f"from the initial weights)")
+        return None
+
     def _prune(self) -> None:
         for old in self.checkpoints()[:-self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
     @staticmethod
-    def load(path: str | Path, model, optimizer=None, *, restore_rng: bool = True) -> TrainingState:
-        """Load weights (or the LoRA adapter), optimizer and RNG states from ``path`` into the live objects.
+    def load(path: str | Path, model, optimizer=None, *, restore_rng: bool = True, fingerprint=None) -> TrainingState:
+        """Verify, then load weights (or the LoRA adapter), optimizer and RNG states from ``path`` into the live objects.
 
-        Raises :class:`CheckpointError` if files are missing, the checkpoint is LoRA but the model is
-        not (or vice versa), or the tensors do not match the model.
+        ``fingerprint(model) -> str`` (e.g. :func:`hacrl_fed.worker.models.model_fingerprint`) is compared with
+        the recorded fingerprint after loading. Raises :class:`CheckpointError` (one line naming the file) if
+        ``state.json`` is unreadable or altered, a file is missing, truncated or does not match its recorded
+        SHA-256 (nothing is loaded then), the checkpoint is LoRA but the model is not (or vice versa), the
+        tensors do not match the model, or the loaded weights do not have the recorded fingerprint.
         """
         from safetensors.torch import load_file, load_model
 
         d = Path(path)
-        try:
-            meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{d}: not a checkpoint ({err})") from None
-        if meta.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"{d}: checkpoint format {meta.get('format')} != {FORMAT_VERSION}")
+        meta = _verified_meta(d)
         if bool(meta["lora"]) != _is_lora(model):
             raise CheckpointError(f"{d}: checkpoint lora={meta['lora']} but the model lora={_is_lora(model)}; "
                                   "set model.lora_rank as in the run that wrote it")
@@ -210,13 +245,56 @@ class CheckpointManager:
                 optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
             if restore_rng:
                 set_rng_state(torch.load(d / "rng.pt", weights_only=True))
-        except (OSError, RuntimeError, KeyError, ValueError) as err:
-            if isinstance(err, CheckpointError):
-                raise
-            raise CheckpointError(f"{d}: cannot restore checkpoint: {err}") from None
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001 - safetensors, torch and peft raise their own types
+            raise CheckpointError(f"{d}: cannot restore checkpoint: {type(err).__name__}: "
+                                  f"{' '.join(str(err).split())[:300]}") from None
+        recorded = str(meta.get("fingerprint", ""))
+        if fingerprint is not None and recorded and fingerprint(model) != recorded:
+            raise CheckpointError(f"{d}: the loaded weights do not have the recorded fingerprint {recorded[:23]}…")
         return TrainingState(step=int(meta["step"]), run_id=str(meta["run_id"]),
                              capability=base64.b64decode(meta.get("capability_b64", "")),
-                             fingerprint=str(meta.get("fingerprint", "")), extra=dict(meta.get("extra", {})))
+                             fingerprint=recorded, extra=dict(meta.get("extra", {})))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _meta_digest(meta: dict) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode()).hexdigest()
+
+
+def _verified_meta(d: Path) -> dict:
+    """``state.json`` of checkpoint ``d`` after every integrity check of :meth:`CheckpointManager.load`."""
+    state = d / "state.json"
+    try:
+        meta = json.loads(state.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "lora" not in meta:
+            raise ValueError("not a checkpoint state")
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{state}: unreadable checkpoint state ({' '.join(str(err).split())[:200]})") from None
+    if meta.get("format") not in (1, FORMAT_VERSION):
+        raise CheckpointError(f"{state}: checkpoint format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+    if meta["format"] == 1:
+        return meta
+    if meta.get("digest") != _meta_digest(meta):
+        raise CheckpointError(f"{state}: does not match its recorded digest (altered or corrupted)")
+    for name, want in meta.get("files", {}).items():
+        f = d / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: checkpoint file is missing")
+        if f.stat().st_size != want.get("bytes"):
+            raise CheckpointError(f"{f}: checkpoint file is truncated or resized ({f.stat().st_size} bytes, "
+                                  f"{want.get('bytes')} recorded)")
+        if _sha256(f) != want.get("sha256"):
+            raise CheckpointError(f"{f}: checkpoint file does not match its recorded SHA-256 (corrupted)")
+    return meta
 
 
 def export_hf(model, tokenizer, out_dir: str | Path) -> Path:

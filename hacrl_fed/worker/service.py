@@ -31,6 +31,7 @@ __all__ = ["GRPC_OPTIONS", "AgentWorkerServicer", "check_bind_address", "connect
            "wait_healthy"]
 
 log = logging.getLogger("hacrl_fed.worker")
+detail_log = logging.getLogger("hacrl_fed.worker.detail")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -65,6 +66,8 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
         self.worker = worker
 
     def _call(self, context: grpc.ServicerContext, fn, *args: Any):
+        """Run one operation; a refusal or failure is logged as one line (the site's terminal shows it; the
+        traceback of an unexpected failure goes to the log file only) and returned as a status."""
         try:
             return fn(*args)
         except InvalidRequestError as err:
@@ -72,12 +75,16 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
         except PreconditionError as err:
             code, message = grpc.StatusCode.FAILED_PRECONDITION, str(err)
         except Exception as err:  # noqa: BLE001 - the server must survive any request
-            log.exception("worker request failed")
-            code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+            detail_log.info("%s failed", fn.__name__, exc_info=True)
+            code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {' '.join(str(err).split())}"
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("%s failed: %s", fn.__name__, message)
+        else:
+            log.warning("%s refused: %s", fn.__name__, message)
         context.abort(code, message)
 
     def Generate(self, request, context):
-        return self._call(context, self.worker.generate, request.plan)
+        return self._call(context, self.worker.generate, request.plan, request.notice)
 
     def Train(self, request, context):
         return self._call(context, self.worker.train, request)
@@ -132,7 +139,9 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     """Load the agent of ``cfg`` (a ``ClientConfig``), serve it until SIGINT/SIGTERM.
 
     When healthy, prints ``worker <name> listening on <address>`` and writes the address to
-    ``address_file`` (atomically). Raises ``ValueError`` for a non-loopback address and the
+    ``address_file`` (atomically). On SIGINT/SIGTERM it finishes the running request, checkpoints the
+    trained steps no checkpoint holds yet (:meth:`~hacrl_fed.worker.agent.AgentWorker.save_on_shutdown`)
+    and exits. Raises ``ValueError`` for a non-loopback address and the
     loading errors of :class:`~hacrl_fed.worker.agent.AgentWorker`.
     """
     from hacrl_fed.worker.agent import AgentWorker
@@ -140,7 +149,7 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     agent = cfg.agent
     addr = check_bind_address(address or agent.worker_address)
     ckpt = agent.checkpoint_dir or str(Path(cfg.output_dir) / agent.name / "checkpoints")
-    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume)
+    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume, run_id=getattr(cfg, "run_id", None))
     stop = threading.Event()
     try:
         server, bound = serve(worker, addr)
@@ -153,5 +162,9 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         server.stop(grace=5).wait()
+        try:
+            worker.save_on_shutdown()
+        except Exception as err:  # noqa: BLE001 - reported; the previous checkpoint stays intact
+            log.error("no checkpoint saved on shutdown: %s: %s", type(err).__name__, err)
     finally:
         worker.close()

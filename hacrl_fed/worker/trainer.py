@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,14 +28,18 @@ from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
+from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.worker.engine import GeneratedSample
-from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+from hacrl_fed.worker.errors import PreconditionError
 
-__all__ = ["StepRollouts", "Trainer", "process_rss_bytes"]
+__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes"]
+
+MAX_ENVELOPES = 256
+"""Envelopes of one train request that are opened; the rest are refused unopened."""
 
 
 @dataclass
@@ -54,6 +59,9 @@ class StepRollouts:
     samples_per_prompt: int
     """The plan's G: every peer batch must hold G samples of every prompt (the learner's own may hold more)."""
     batch: pb.RolloutBatch = field(default_factory=pb.RolloutBatch)
+    max_new_tokens: int | None = None
+    """The plan's generation cap: a peer rollout may count at most this many behaviour tokens and hold at most
+    ``validation.max_response_chars`` of it in text (None: no length bound)."""
 
 
 def process_rss_bytes() -> float:
@@ -110,19 +118,23 @@ class Trainer:
         """Verify, build rows, compute advantages and update the model for ``plan``'s step.
 
         Raises :class:`PreconditionError` when this worker holds no rollouts for (run id, step) or
-        the capability table is for another run/step; :class:`InvalidRequestError` when the table
-        lacks a capability the update needs. Rejected peer batches are reported, not raised.
+        the capability table is for another run/step. Everything else costs at most the batch it
+        concerns, which is reported in ``TrainReport.rejected`` and left out of training: a peer
+        envelope that does not open or fails the content checks, a peer without a usable capability
+        (missing, duplicated or not a finite positive number), a peer batch with an invalid reward
+        correction (an invalid correction of the learner's own rollouts is ignored).
         """
         t0 = time.perf_counter()
         own = self._own_rollouts(plan, capability_table)
         batches, rejected = self._open_batches(envelopes, own)
         t_verify = time.perf_counter()
-        rewards = self._rewards(batches, capability_table)
+        rewards = self._rewards(batches, capability_table, rejected)
         foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
+        ratios = self._ratios(capability_table, sorted(foreign), rejected)
+        foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
-        ratios = self._ratios(capability_table, sorted(foreign))
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
         t_adv = time.perf_counter()
         metrics = self._update(rows, advantages, ratios, own.temperature, own.step)
@@ -158,8 +170,12 @@ class Trainer:
         """Open every envelope against the roster; bad, duplicate or inconsistent ones are rejected."""
         batches: dict[str, pb.RolloutBatch] = {self.agent: own.batch}
         rejected: list[str] = []
-        for env in envelopes:
-            who = env.key_id or "<no key id>"
+        for n, env in enumerate(envelopes):
+            if n >= MAX_ENVELOPES:
+                rejected.append(f"{len(envelopes) - n} more envelope(s) ignored: at most {MAX_ENVELOPES} per step")
+                break
+            who = (env.key_id if re.fullmatch(AGENT_NAME_PATTERN, env.key_id)
+                   else repr(env.key_id[:64]) if env.key_id else "<no key id>")
             if env.key_id == self.agent:
                 if env.payload != own.payload:
                     rejected.append(f"{who}: own batch differs from the one this worker signed")
@@ -174,23 +190,36 @@ class Trainer:
                 rejected.append(f"{who}: duplicate batch for this step")
                 continue
             try:
-                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt)
+                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt, max_new_tokens=own.max_new_tokens)
             except BatchRejected as err:
                 rejected.append(f"{who}: {err.reason.value}: {err}")
                 continue
             batches[batch.agent_id] = batch
         return batches, rejected
 
-    def _rewards(self, batches: Mapping[str, pb.RolloutBatch],
-                 table: pb.CapabilityTable) -> dict[tuple[str, str, int], float]:
-        """Reward per (agent, prompt id, sample index): the batch's, overridden by the coordinator's corrections."""
+    def _rewards(self, batches: dict[str, pb.RolloutBatch], table: pb.CapabilityTable,
+                 rejected: list[str]) -> dict[tuple[str, str, int], float]:
+        """Reward per (agent, prompt id, sample index): the batch's, overridden by the coordinator's corrections.
+
+        A correction whose reward is not a finite number in [0, 1] drops that peer's batch from ``batches``
+        (its true rewards are unknown; reported in ``rejected``); for the learner's own rollouts it is ignored.
+        """
         rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, b in batches.items() for r in b.rollouts}
+        bad: set[str] = set()
         for c in table.corrections:
             key = (c.agent_id, c.prompt_id, c.sample_index)
-            if key in rewards:
-                if not (math.isfinite(c.reward) and 0.0 <= c.reward <= 1.0):
-                    raise InvalidRequestError(f"reward correction {key} has reward {c.reward} outside [0, 1]")
-                rewards[key] = float(c.reward)
+            if key not in rewards:
+                continue
+            if not (math.isfinite(c.reward) and 0.0 <= c.reward <= 1.0):
+                if c.agent_id not in bad:
+                    rejected.append(f"{c.agent_id}: coordinator correction of {c.prompt_id}#{c.sample_index} has "
+                                    f"reward {c.reward!r} outside [0, 1]"
+                                    + ("; correction ignored" if c.agent_id == self.agent else "; batch left out"))
+                bad.add(c.agent_id)
+                continue
+            rewards[key] = float(c.reward)
+        for agent in bad - {self.agent}:
+            del batches[agent]
         return rewards
 
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
@@ -215,20 +244,35 @@ class Trainer:
         usable = [r for r in kept if r.is_own or not r.truncated]
         return usable, len(rows) - len(kept), cut
 
-    def _ratios(self, table: pb.CapabilityTable, sources: list[str]) -> dict[str, float]:
-        """r_{j→k} for every foreign source j (1 during warm-up), from the coordinator's capabilities."""
+    def _ratios(self, table: pb.CapabilityTable, sources: list[str], rejected: list[str]) -> dict[str, float]:
+        """r_{j→k} for every foreign source j with a usable capability (1 during warm-up), from the
+        coordinator's capabilities. A source without one (missing, listed twice, not finite and > 0)
+        is left out and reported in ``rejected``; without a usable capability of the learner itself,
+        every source is (outside warm-up)."""
         if not sources:
             return {}
-        caps = {a.agent_id: a.capability for a in table.agents}
-        missing = [a for a in [self.agent, *sources] if a not in caps]
-        if missing:
-            raise InvalidRequestError(f"capability table has no entry for {', '.join(missing)}")
+        listed = [a.agent_id for a in table.agents]
+        caps = {a.agent_id: a.capability for a in table.agents
+                if listed.count(a.agent_id) == 1 and math.isfinite(a.capability) and a.capability > 0}
         if table.warmup:
-            return {j: 1.0 for j in sources}
-        try:
-            return {j: capability_ratio(caps[j], caps[self.agent], ratio_clip=self.algo.ratio_clip) for j in sources}
-        except ValueError as err:
-            raise InvalidRequestError(f"bad capability table: {err}") from None
+            usable = [j for j in sources if j in caps]
+        elif self.agent not in caps:
+            usable = []
+        else:
+            usable = [j for j in sources if j in caps]
+        for j in sources:
+            if j not in usable:
+                whose = j if j not in caps else self.agent
+                rejected.append(f"{j}: capability table has no usable entry for {whose}; batch left out")
+        if table.warmup:
+            return {j: 1.0 for j in usable}
+        out: dict[str, float] = {}
+        for j in usable:
+            try:
+                out[j] = capability_ratio(caps[j], caps[self.agent], ratio_clip=self.algo.ratio_clip)
+            except ValueError as err:
+                rejected.append(f"{j}: bad capability: {err}; batch left out")
+        return out
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
                 temperature: float, step: int) -> dict[str, float]:

@@ -12,7 +12,8 @@ MAX_BYTES = 64 * 1024
 
 
 def test_collect_accounts_for_every_reply(federation, plan):
-    """Accepted, rejected, error, timeout, duplicate identity and name mismatch — one entry per node."""
+    """Accepted, rejected, error, timeout, duplicate identity and name mismatch — one entry per node; an
+    agent name two nodes claim is an error for both of them."""
     p = plan()
     good = {a: envelope_bytes(honest_batch(p, a), federation.keys[a].own) for a in ("alice", "bob")}
     nodes = [Node(1, "alice"), Node(2, "bob"), Node(3, "mallory"), Node(4, "carol"), Node(5, ""), Node(6, ""),
@@ -31,17 +32,19 @@ def test_collect_accounts_for_every_reply(federation, plan):
         7: Reply(7, delivered("alice", good["bob"])),  # says alice, signed by bob
     }
     accepted, agents = collect_batches(nodes, replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=9)
-    assert sorted(a.agent for a in accepted) == ["alice", "bob"]
+    assert accepted == []
     status = {name: (a.status, a.reason) for name, a in agents.items()}
-    assert status["alice"] == ("accepted", "")
-    assert status["bob"] == ("accepted", "")
-    assert status["mallory"] == ("rejected", "bad_reward")
-    assert status["carol"] == ("timeout", "timeout")
-    assert status["bob@5"] == ("rejected", "duplicate_agent")
-    assert status["node-6"] == ("error", "node_error")
-    assert status["alice@7"] == ("rejected", "agent_mismatch")
-    assert agents["alice"].rows_accepted == 6 and agents["alice"].bytes_in == 100
+    assert status == {"alice@1": ("rejected", "duplicate_agent"), "alice@7": ("rejected", "duplicate_agent"),
+                      "bob@2": ("rejected", "duplicate_agent"), "bob@5": ("rejected", "duplicate_agent"),
+                      "mallory": ("rejected", "bad_reward"), "carol": ("timeout", "timeout"),
+                      "node-6": ("error", "node_error")}
+    assert agents["alice@1"].rows_accepted == 0 and agents["alice@1"].rows_rejected == 6
+    assert agents["alice@1"].bytes_in == 100 and "nodes 1, 7" in agents["alice@1"].detail
     assert agents["mallory"].rows_rejected == 6
+    del replies[5], replies[7]
+    accepted, agents = collect_batches(nodes[:6], replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=9)
+    assert sorted(a.agent for a in accepted) == ["alice", "bob"]
+    assert agents["alice"].status == agents["bob"].status == "accepted" and agents["alice"].rows_accepted == 6
 
 
 def test_registered_name_must_match_reported_name(federation, plan):

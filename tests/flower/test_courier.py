@@ -124,3 +124,44 @@ def test_client_app_does_not_import_torch():
             "assert not heavy, heavy")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_failed_checkpoint_keeps_the_training_result(federation, plan):
+    """The update was applied: the report goes back, with the checkpoint failure beside it."""
+    w = FakeWorker("alice", federation.keys["alice"], fail="Checkpoint")
+    server, address = serve(w)
+    try:
+        order = records.train_order(plan(step=1).SerializeToString(), b"", {}, checkpoint=True,
+                                     next_plan=plan(step=2).SerializeToString())
+        reply = client_app.train(message(order, records.MSG_TRAIN), context(address))
+    finally:
+        server.stop(grace=0)
+    assert not reply.has_error()
+    site = records.read_reply(reply.content)
+    assert pb.TrainReport.FromString(site.report).step == 1 and "No space left" in site.checkpoint_error
+    assert site.envelope is not None            # and it still generated for the next step
+
+
+def test_notices_deadlines_and_the_checkpoint_interval_reach_the_worker(worker, plan):
+    w, address = worker
+    p = plan(step=1)
+    gen = records.generate_order(p.SerializeToString(), notice="step 0: your batch was not pooled (bad_signature)")
+    assert not client_app.generate(message(gen, records.MSG_GENERATE), context(address)).has_error()
+    order = records.train_order(p.SerializeToString(), b"", {}, checkpoint_every=4, notice="hello")
+    before = time.time()
+    assert not client_app.train(message(order, records.MSG_TRAIN, ttl=60), context(address)).has_error()
+    generate, train = w.requests
+    assert generate.notice == "step 0: your batch was not pooled (bad_signature)"
+    assert train.notice == "hello" and train.checkpoint_every == 4 and train.HasField("checkpoint_every")
+    assert before + 60 - client_app.REPLY_MARGIN_S - 2 < train.deadline_unix_s <= time.time() + 60
+    plain = records.train_order(p.SerializeToString(), b"", {})
+    client_app.train(message(plain, records.MSG_TRAIN), context(address))
+    assert not w.requests[-1].HasField("checkpoint_every")
+
+
+def test_a_non_string_notice_is_a_bad_order(worker, plan):
+    _, address = worker
+    content = records.generate_order(plan().SerializeToString())
+    content["plan"]["notice"] = 5
+    reply = client_app.generate(message(content, records.MSG_GENERATE), context(address))
+    assert reply.has_error() and reply.error.code == records.ERROR_BAD_ORDER

@@ -42,6 +42,8 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
         self.fail = fail
         """RPC name that answers INTERNAL (to test error replies)."""
         self.calls: list[dict] = []
+        self.requests: list = []
+        """Every request as received (notices, deadlines …)."""
         self.step = 0
         self._lock = threading.Lock()
 
@@ -55,6 +57,7 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
 
     def Generate(self, request, context):
         plan = request.plan
+        self.requests.append(request)
         self._record("Generate", step=plan.step)
         if self.fail == "Generate":
             context.abort(grpc.StatusCode.INTERNAL, "RuntimeError: generation exploded")
@@ -70,6 +73,7 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
         return wpb.GenerateResponse(envelope=env, metrics={"time/generate_s": 0.001})
 
     def Train(self, request, context):
+        self.requests.append(request)
         self._record("Train", step=request.step, pool=sorted(e.key_id for e in request.envelopes),
                      corrections=len(request.capabilities.corrections))
         if self.fail == "Train":
@@ -87,6 +91,8 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
 
     def Checkpoint(self, request, context):
         self._record("Checkpoint", kind=int(request.kind))
+        if self.fail == "Checkpoint":
+            context.abort(grpc.StatusCode.INTERNAL, "OSError: [Errno 28] No space left on device")
         return wpb.CheckpointResponse(path="/dev/null", step=self.step)
 
 

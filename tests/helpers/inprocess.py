@@ -28,6 +28,12 @@ class FakeSite:
     """(step, agents in the pool, capability table bytes) of every train order."""
     generated: list[int] = field(default_factory=list)
     checkpoints: int = 0
+    notices: list[str] = field(default_factory=list)
+    """Every notice the coordinator sent with an order."""
+    weights_step: int = 0
+    """The last step this site's weights hold (reported as ``state/trained_step`` with every batch)."""
+    checkpoint_error: str = ""
+    """Set: every checkpoint this site is asked for fails with it (the update is still applied)."""
 
     def generate(self, plan: pb.RoundPlan) -> bytes:
         self.generated.append(plan.step)
@@ -40,12 +46,18 @@ class FakeSite:
     def train(self, order: records.TrainOrder) -> SiteReply:
         plan = pb.RoundPlan.FromString(order.plan)
         self.trained.append((plan.step, sorted(order.envelopes), order.table))
-        self.checkpoints += order.checkpoint
+        self.weights_step = plan.step
+        self.checkpoints += order.checkpoint and not self.checkpoint_error
         report = pb.TrainReport(run_id=plan.run_id, step=plan.step, agent_id=self.name, metrics={"loss": 0.5})
-        reply = SiteReply(agent=self.name, report=report.SerializeToString(), metrics={"courier/worker_s": 0.01})
+        reply = SiteReply(agent=self.name, report=report.SerializeToString(), metrics={"courier/worker_s": 0.01},
+                          checkpoint_error=self.checkpoint_error if order.checkpoint else "")
         if order.next_plan:
             reply.envelope = self.generate(pb.RoundPlan.FromString(order.next_plan))
+            reply.generate_metrics = self.generate_metrics()
         return reply
+
+    def generate_metrics(self) -> dict[str, float]:
+        return {"courier/worker_s": 0.02, "state/trained_step": float(self.weights_step)}
 
 
 @dataclass
@@ -68,6 +80,8 @@ class InProcessTransport:
         self.sites = {i + 1: s for i, s in enumerate(sites)}
         self.named = named
         self.fail_train_at: int | None = None
+        self.fail_after_train_at: int | None = None
+        """Step whose train orders are all served, then the coordinator "dies" before it reads the replies."""
         self.exchanges: list[list[tuple[str, str]]] = []
         """(kind, site) of the orders of every exchange."""
 
@@ -88,13 +102,17 @@ class InProcessTransport:
             packed = records.reply_content(reply)
             out[o.node_id] = Reply(o.node_id, site=records.read_reply(packed), bytes_in=records.content_bytes(packed),
                                    bytes_out=records.content_bytes(content))
+        if any(o.kind == "train" and self.fail_after_train_at == pb.RoundPlan.FromString(o.plan).step for o in orders):
+            raise KeyboardInterrupt("coordinator killed after the sites trained")
         return out
 
     @staticmethod
     def _serve(site: FakeSite, kind: str, content) -> SiteReply:
+        if kind in ("generate", "train") and records.read_notice(content):
+            site.notices.append(records.read_notice(content))
         if kind == "generate":
             plan = pb.RoundPlan.FromString(records.read_generate_order(content))
-            return SiteReply(agent=site.name, envelope=site.generate(plan), metrics={"courier/worker_s": 0.02})
+            return SiteReply(agent=site.name, envelope=site.generate(plan), metrics=site.generate_metrics())
         if kind == "train":
             return site.train(records.read_train_order(content))
         req = wpb.EvaluateRequest.FromString(records.read_eval_order(content))

@@ -28,7 +28,8 @@ def learner_rejects(federation, plan: pb.RoundPlan, raw: bytes) -> list[str]:
     trainer = Trainer("carol", torch.nn.Linear(1, 1), None, algo=AlgoConfig(), optim=OptimConfig(),
                       max_response_tokens=8, roster=federation.roster, max_batch_bytes=MAX_BYTES)
     own = StepRollouts(run_id=plan.run_id, step=plan.step, prompt_ids={p.prompt_id: (1,) for p in plan.prompts},
-                       samples={}, payload=b"", temperature=1.0, samples_per_prompt=plan.samples_per_prompt)
+                       samples={}, payload=b"", temperature=1.0, samples_per_prompt=plan.samples_per_prompt,
+                       max_new_tokens=plan.sampling.max_new_tokens)
     batches, rejected = trainer._open_batches([pb.SignedEnvelope.FromString(raw)], own)
     assert (not rejected) == (len(batches) == 2)
     return rejected

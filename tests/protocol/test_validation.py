@@ -57,7 +57,7 @@ def test_logprob_rounding_within_tolerance_is_accepted(plan):
     p = plan()
     batch = honest_batch(p, "alice")
     batch.rollouts[0].behaviour_logprob_sum = 5e-6
-    check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
+    check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt, max_new_tokens=p.sampling.max_new_tokens)
 
 
 def test_missing_detail_names_the_rows(plan):
@@ -65,7 +65,7 @@ def test_missing_detail_names_the_rows(plan):
     batch = honest_batch(p, "alice")
     del batch.rollouts[4]
     with pytest.raises(BatchRejected, match=r"p1#1") as info:
-        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
+        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt, max_new_tokens=p.sampling.max_new_tokens)
     assert info.value.reason is Reason.MISSING_SAMPLE
 
 
@@ -92,8 +92,8 @@ def test_behaviour_eos_logprob_is_checked(plan, eos, finish, ok):
     r.finish_reason = pb.STOP if finish == "stop" else pb.LENGTH
     r.behaviour_eos_logprob = eos
     if ok:
-        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
+        check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt, max_new_tokens=p.sampling.max_new_tokens)
     else:
         with pytest.raises(BatchRejected) as info:
-            check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt)
+            check_rollouts(batch, [q.prompt_id for q in p.prompts], p.samples_per_prompt, max_new_tokens=p.sampling.max_new_tokens)
         assert info.value.reason is Reason.BAD_LOGPROB

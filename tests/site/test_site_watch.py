@@ -58,8 +58,8 @@ def test_unregistered_node_key_is_named_and_the_exit_explained():
     w, out = watcher()
     feed(w, NOT_REGISTERED + UNREACHABLE[1:])  # the dying node's helper process fails to reach it: not reported
     assert len(out) == 1
-    assert "refuses this node" in out[0][1] and "(keys/org-a.node.pub)" in out[0][1]
-    assert "not registered there yet" in out[0][1] and "retrying" in out[0][1]
+    assert "refuses to activate this node" in out[0][1] and "(keys/org-a.node.pub)" in out[0][1]
+    assert "is not registered there" in out[0][1] and "still connected there" in out[0][1] and "retrying" in out[0][1]
     assert w.exit_reason(1) == "Flower exit code 305: [code: 2004] Failed to activate SuperNode."
     assert w.exit_reason(1) == "exit code 1"  # the reason belongs to one exit only
     feed(w, UNREACHABLE[1:])  # the restarted node: reported again
@@ -103,3 +103,21 @@ def test_train_summary_line():
     report.per_source.add(source_agent="dave", metrics={"rows": 16.0, "reward_mean": 0.0})
     assert train_summary(report) == ("step 3 trained: 32 rows (8 own, 24 from 2 peers), mean reward 0.188 "
                                      "(own 0.500), loss 0.0125, 4.2 s, 1 peer batch(es) refused")
+
+
+def test_a_node_that_was_connected_before_is_not_told_its_key_is_unregistered():
+    """SuperNode or client restart, duplicate site: the key was accepted before, so that is not the cause."""
+    w, out = watcher()
+    feed(w, ORDER)
+    w.exit_reason(0)
+    feed(w, NOT_REGISTERED)
+    refusal = [m for _, m in out if "refuses to activate" in m]
+    assert len(refusal) == 1 and "not registered" not in refusal[0]
+    assert "the key is registered" in refusal[0] and "previous connection" in refusal[0]
+    assert "another process or site now uses the same key" in refusal[0]
+
+
+def test_a_taken_clientapp_port_is_fatal():
+    w, out = watcher()
+    feed(w, ["ERROR :     Port in server address 127.0.0.1:9094 is already in use."])
+    assert w.fatal and "127.0.0.1:9094" in w.fatal and out[-1][0] == logging.ERROR

@@ -139,6 +139,7 @@ def test_resume_gives_bit_identical_next_step(make_sites, plans):
     reference = _train(alice, p2, make_table, [bob_step2])
     assert reference.metrics["loss"] != 0 and {s.source_agent for s in reference.per_source} == {"alice", "bob"}
 
+    alice.close()                                        # a restart: the old process lets go of its checkpoints
     resumed = sites.start("alice")                       # loads the newest checkpoint (step 1) at start-up
     assert (resumed.health().step, resumed.health().run_id) == (1, "run-a")
     again = _train(resumed, p2, make_table, [bob_step2])
