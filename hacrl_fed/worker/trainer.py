@@ -296,6 +296,7 @@ class Trainer:
             metrics[key + "reward_sum"] = metrics.get(key + "reward_sum", 0.0) + row.reward
         for src in {r.source_agent for r in rows}:
             metrics[f"src/{src}/reward_mean"] = metrics.pop(f"src/{src}/reward_sum") / metrics[f"src/{src}/rows"]
+        for src in {r.source_agent for r in rows} | set(ratios):   # also sources whose rows were all left out
             metrics[f"src/{src}/capability_ratio"] = ratios.get(src, 1.0)
         metrics |= {"zero_variance_group_frac": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
                     "rejected_batches": float(len(rejected)),
