@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from run_collab import accuracy  # noqa: E402  (the benchmarks' shared scoring of a {problem: correct} map)
+
 VARIANTS = {
     "base": {"optim": {"lr": 1e-5, "skip_zero_grad_updates": False}, "train_embeddings": True},
     "frozen_emb": {"optim": {"lr": 1e-5, "skip_zero_grad_updates": True}, "train_embeddings": False},
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         before = {"held_out": fed.evaluate(held)[args.agent], "words": fed.evaluate(words)[args.agent],
                   "eval_s": time.perf_counter() - t}
         before_path.write_text(json.dumps(before, indent=1))
-    print(f"before: held-out {_acc(before['held_out']):.3f}, words {_acc(before['words']):.3f}", flush=True)
+    print(f"before: held-out {accuracy(before['held_out']):.3f}, words {accuracy(before['words']):.3f}", flush=True)
     for seed in range(args.seeds):
         for name in args.variants.split(","):
             cell = out / "cells" / f"{args.agent}-{name}-s{seed}.json"
@@ -94,16 +96,12 @@ def main(argv: list[str] | None = None) -> int:
                                  "metrics": s.reports[args.agent]["metrics"],
                                  "own": s.reports[args.agent]["per_source"].get(args.agent, {})} for s in steps]}
             cell.write_text(json.dumps(rec, indent=1))
-            print(f"[{name} s{seed}] {t1 - t0:.0f}+{t2 - t1:.0f} s: held-out {_acc(after['held_out']):.3f}, "
-                  f"words {_acc(after['words']):.3f}, rollout acc "
+            print(f"[{name} s{seed}] {t1 - t0:.0f}+{t2 - t1:.0f} s: held-out {accuracy(after['held_out']):.3f}, "
+                  f"words {accuracy(after['words']):.3f}, rollout acc "
                   f"{[round(s.accuracy[args.agent], 2) for s in steps]}", flush=True)
     fed.close()
     summarize(out, args.agent)
     return 0
-
-
-def _acc(d: dict[str, bool]) -> float:
-    return sum(d.values()) / len(d) if d else float("nan")
 
 
 def summarize(out: Path, agent: str) -> None:
@@ -120,15 +118,15 @@ def summarize(out: Path, agent: str) -> None:
             return f"{100 * statistics.fmean(xs):.1f} ± {100 * statistics.stdev(xs):.1f}" if len(xs) > 1 else \
                 f"{100 * xs[0]:.1f}"
 
-        ho = [_acc(c["after"]["held_out"]) for c in cs]
-        wo = [_acc(c["after"]["words"]) for c in cs]
+        ho = [accuracy(c["after"]["held_out"]) for c in cs]
+        wo = [accuracy(c["after"]["words"]) for c in cs]
         last = [statistics.fmean(s["accuracy"] for s in c["per_step"][-3:]) for c in cs]
         zg = sum(s["metrics"].get("zero_grad_updates", 0.0) for c in cs for s in c["per_step"])
         upd = sum(s["metrics"].get("updates", 0.0) for c in cs for s in c["per_step"])
         sps = statistics.fmean(c["train_s"] / c["steps"] for c in cs)
         lines.append(f"| {name} | {len(cs)} | {ms(ho)} | {ms(wo)} | {ms(last)} | {zg:.0f}/{upd:.0f} | {sps:.0f} |")
-    text = (f"# Stability ablation ({agent}, isolated)\n\nBefore: held-out {100 * _acc(before['held_out']):.1f} %, "
-            f"words {100 * _acc(before['words']):.1f} %\n\n" + "\n".join(lines) + "\n")
+    text = (f"# Stability ablation ({agent}, isolated)\n\nBefore: held-out {100 * accuracy(before['held_out']):.1f} %, "
+            f"words {100 * accuracy(before['words']):.1f} %\n\n" + "\n".join(lines) + "\n")
     (out / f"results-{agent}.md").write_text(text)
     print(text)
 

@@ -34,6 +34,7 @@ from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
+from hacrl_fed.worker.models import embedding_parameters
 
 
 @dataclass
@@ -119,9 +120,8 @@ class Federation:
             w.model.load_state_dict(self.initial[name])
             emb = base.model.train_embeddings if train_embeddings is None else train_embeddings
             if not self.workers[name].loaded.is_lora:
-                for module in (w.model.get_input_embeddings(), w.model.get_output_embeddings()):
-                    for p in module.parameters():
-                        p.requires_grad_(emb)
+                for p in embedding_parameters(w.model):
+                    p.requires_grad_(emb)
             w.cfg = base.model_copy(update={"algo": algo_cfg, "optim": optim_cfg})
             t = w.trainer
             t.algo, t.optim = algo_cfg, optim_cfg

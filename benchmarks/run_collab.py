@@ -49,8 +49,9 @@ PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tin
 EVAL_SETS = ("held_out", "words")
 
 
-def _acc(d: dict[str, bool]) -> float:
-    return sum(d.values()) / len(d) if d else float("nan")
+def accuracy(correct: dict[str, bool]) -> float:
+    """Share of problems answered correctly in a ``{problem id: correct}`` map (nan when empty)."""
+    return sum(correct.values()) / len(correct) if correct else float("nan")
 
 
 def _step_summary(agent: str, step) -> dict:
@@ -113,14 +114,14 @@ def summarize(out: Path) -> dict:
     agents = sorted(before["agents"])
     recipes = [r for r in RECIPES if any(c["recipe"] == r for c in cells)]
     by = {r: sorted((c for c in cells if c["recipe"] == r), key=lambda c: c["seed"]) for r in recipes}
-    summary: dict = {"meta": meta, "before": {a: {e: _acc(before["agents"][a][e]) for e in EVAL_SETS} for a in agents},
+    summary: dict = {"meta": meta, "before": {a: {e: accuracy(before["agents"][a][e]) for e in EVAL_SETS} for a in agents},
                      "recipes": {}}
     for r in recipes:
         rec: dict = {"seeds": [c["seed"] for c in by[r]], "agents": {}}
         for a in agents:
             ag: dict = {}
             for e in EVAL_SETS:
-                xs = [_acc(c["after"][a][e]) for c in by[r]]
+                xs = [accuracy(c["after"][a][e]) for c in by[r]]
                 ag[e] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
                          "n": len(xs), "per_seed": xs}
                 if r != "gspo" and "gspo" in by:
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rec = run_cell(fed, recipe, seed, args.steps, eval_sets)
                 cell.write_text(json.dumps(rec, indent=1))
-                accs = ", ".join(f"{a} {100 * _acc(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
+                accs = ", ".join(f"{a} {100 * accuracy(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
                 print(f"[{recipe} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)
                 summarize(out)
     finally:

@@ -104,6 +104,10 @@ class RowTerms:
     clip_high: Tensor
     has_grad: Tensor | None = None
 
+    def reached_gradient(self) -> Tensor:
+        """``has_grad``, or all ones for an objective that does not report it. [B]"""
+        return self.has_grad if self.has_grad is not None else torch.ones_like(self.ratio)
+
 
 @dataclass(frozen=True)
 class LossOutput:
@@ -245,18 +249,20 @@ def gspo_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     """GSPO self term with the sequence ratio s^(k,k) (Eqs. 47–49; T14). Rows [B] → RowTerms."""
     log_s = sequence_log_ratio(inputs.token_logprobs, inputs.response_mask, inputs.old_logprob_sum,
                                inputs.old_token_count, max_abs_log_ratio=cfg.max_abs_log_ratio)
+    return _sequence_surrogate(log_s, inputs, cfg)
+
+
+def _sequence_surrogate(log_s: Tensor, inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
+    """GSPO's clipped surrogate on a sequence log-ratio: J = min(s·A, clip(s, 1 − ε_l, 1 + ε_h)·A), s = exp(log s)."""
     # s^(k,k) = exp(log s)
     s = torch.exp(log_s)
     adv = inputs.advantages.to(s.dtype)
     obj = clipped_surrogate(s, adv, cfg.self_clip_low, cfg.self_clip_high)
-    low, high = _outside(s.detach(), 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
-    return RowTerms(obj, s.detach(), low, high, _surrogate_grad(s.detach(), adv, cfg))
-
-
-def _surrogate_grad(ratio: Tensor, adv: Tensor, cfg: AlgoConfig) -> Tensor:
-    """1 where min(ρA, clip(ρ)A) takes the unclipped branch with A ≠ 0 (a gradient flows)."""
-    active = ((adv > 0) & (ratio <= 1.0 + cfg.self_clip_high)) | ((adv < 0) & (ratio >= 1.0 - cfg.self_clip_low))
-    return active.to(ratio.dtype)
+    sd = s.detach()
+    low, high = _outside(sd, 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
+    # a gradient flows where the min takes the unclipped branch and A ≠ 0
+    active = ((adv > 0) & (sd <= 1.0 + cfg.self_clip_high)) | ((adv < 0) & (sd >= 1.0 - cfg.self_clip_low))
+    return RowTerms(obj, sd, low, high, active.to(sd.dtype))
 
 
 @SELF_OBJECTIVES.register("token")
@@ -329,11 +335,7 @@ def naive_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     ``ratio_level="token"``: a foreign row has no per-token old log-probs in the learner's tokens.
     The ratio follows the cross-ratio conventions (:func:`cross_log_ratio`: content tokens, unit)."""
     log_s = cross_log_ratio(inputs, unit=cfg.cross_ratio_unit, max_abs_log_ratio=cfg.max_abs_log_ratio)
-    s = torch.exp(log_s)
-    adv = inputs.advantages.to(s.dtype)
-    obj = clipped_surrogate(s, adv, cfg.self_clip_low, cfg.self_clip_high)
-    low, high = _outside(s.detach(), 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
-    return RowTerms(obj, s.detach(), low, high, _surrogate_grad(s.detach(), adv, cfg))
+    return _sequence_surrogate(log_s, inputs, cfg)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -400,12 +402,10 @@ def _merge_terms(own: Tensor, self_t: RowTerms | None, cross_t: RowTerms | None)
         only = self_t if self_t is not None else cross_t
         assert only is not None
         return only
-    def grads(t: RowTerms) -> Tensor:
-        return t.has_grad if t.has_grad is not None else torch.ones_like(t.ratio)
-
     fields = [torch.where(own, a, b) for a, b in zip(
-        (self_t.objective, self_t.ratio, self_t.clip_low, self_t.clip_high, grads(self_t)),
-        (cross_t.objective, cross_t.ratio, cross_t.clip_low, cross_t.clip_high, grads(cross_t)), strict=True)]
+        (self_t.objective, self_t.ratio, self_t.clip_low, self_t.clip_high, self_t.reached_gradient()),
+        (cross_t.objective, cross_t.ratio, cross_t.clip_low, cross_t.clip_high, cross_t.reached_gradient()),
+        strict=True)]
     return RowTerms(*fields)
 
 

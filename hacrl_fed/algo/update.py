@@ -141,9 +141,8 @@ class _Stats:
         self.tokens = 0
 
     def add_rows(self, sources: list[str], advs: list[float], out) -> None:
-        has_grad = out.rows.has_grad if out.rows.has_grad is not None else torch.ones_like(out.rows.ratio)
         cols = zip(out.rows.ratio.tolist(), out.rows.clip_low.tolist(), out.rows.clip_high.tolist(),
-                   out.row_loss.tolist(), has_grad.tolist(), strict=True)
+                   out.row_loss.tolist(), out.rows.reached_gradient().tolist(), strict=True)
         for src, adv, (s, lo, hi, loss, g) in zip(sources, advs, cols, strict=True):
             for key, value in (("s", s), ("clip_low", lo), ("clip_high", hi), ("loss", loss), ("adv", abs(adv)),
                                ("grad", g), ("pos_adv", float(adv > 0)), ("pos_grad", float(adv > 0 and g > 0))):

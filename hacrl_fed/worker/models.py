@@ -341,12 +341,17 @@ def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> Load
     return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora)
 
 
-def freeze_embeddings(model) -> None:
-    """``requires_grad = False`` on the input embedding and the LM head (one tensor when tied)."""
+def embedding_parameters(model):
+    """Parameters of the input embedding and the LM head (one tensor when tied; a tied one may repeat)."""
     for module in (model.get_input_embeddings(), model.get_output_embeddings()):
         if module is not None:
-            for p in module.parameters():
-                p.requires_grad_(False)
+            yield from module.parameters()
+
+
+def freeze_embeddings(model) -> None:
+    """``requires_grad = False`` on the input embedding and the LM head (one tensor when tied)."""
+    for p in embedding_parameters(model):
+        p.requires_grad_(False)
 
 
 def model_fingerprint(model) -> str:

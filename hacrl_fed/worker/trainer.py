@@ -254,12 +254,8 @@ class Trainer:
         listed = [a.agent_id for a in table.agents]
         caps = {a.agent_id: a.capability for a in table.agents
                 if listed.count(a.agent_id) == 1 and math.isfinite(a.capability) and a.capability > 0}
-        if table.warmup:
-            usable = [j for j in sources if j in caps]
-        elif self.agent not in caps:
-            usable = []
-        else:
-            usable = [j for j in sources if j in caps]
+        learner_ok = table.warmup or self.agent in caps   # outside warm-up every ratio needs the learner's own
+        usable = [j for j in sources if j in caps] if learner_ok else []
         for j in sources:
             if j not in usable:
                 whose = j if j not in caps else self.agent
