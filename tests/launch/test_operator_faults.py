@@ -269,3 +269,22 @@ def test_nothing_outlives_a_sigkilled_server(tmp_path, federation):
     finally:
         for p in _marked(marker):
             p.kill()
+
+
+def test_resume_checks_the_data_again_before_anything_starts(tmp_path, monkeypatch):
+    from hacrl_fed.config import SimulateConfig, load_config
+    from hacrl_fed.launch.simulate_setup import prepare_run
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"id": "1", "problem": "1+1?", "answer": "2"}\n')
+    cfg = load_config(ROOT / "examples" / "tiny.toml", SimulateConfig)
+    cfg.run.data = cfg.run.data.model_copy(update={"source": "file", "path": str(data), "eval_size": 0})
+    layout = prepare_run(cfg, output_dir=tmp_path / "runs", run_name="r1")
+    data.unlink()
+    result = runner.invoke(app, ["simulate", "--resume", str(layout.run_dir), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0] == f"error: run.data.path: {data}: no such data file (create it, or point " \
+                                           f"run.data.path at yours)"
+    assert not (layout.run_dir / "logs").exists()
