@@ -225,6 +225,8 @@ def client_cmd(
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Override output_dir."),
     worker_address: str | None = typer.Option(None, "--worker-address",
                                               help="Attach to a running worker (loopback/unix) instead of starting one."),
+    run_id: str | None = typer.Option(None, "--run-id", help="The coordinator's run id (run_id): refuse to start "
+                                      "with checkpoints of another run."),
 ) -> None:
     """Site: the agent worker (owns the model) plus a flower-supernode that couriers messages to it."""
     from pydantic import ValidationError
@@ -247,7 +249,8 @@ def client_cmd(
                 section, _, field = key.rpartition(".")
                 (agent.setdefault(section, {}) if section else agent)[field] = value
         top = {"superlink": server, "root_certificates": root_certificates and str(root_certificates),
-               "node_key": node_key and str(node_key), "output_dir": output_dir and str(output_dir)}
+               "node_key": node_key and str(node_key), "output_dir": output_dir and str(output_dir),
+               "run_id": run_id}
         data.update({k: v for k, v in top.items() if v is not None})
         if insecure:
             data["insecure"] = True
@@ -256,9 +259,11 @@ def client_cmd(
         fail(format_validation_error(err, str(config or "options")).replace("\n", "; "))
     except ConfigError as err:
         fail(_one_line(err))
+    from hacrl_fed.atomic import LockedError
+
     try:
         code = run_client(cfg, port=port, worker_address=worker_address)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except OSError as err:
         fail(_one_line(err), code=1)
@@ -287,6 +292,12 @@ def simulate_cmd(
         cfg = None if resume is not None else load_config(config, SimulateConfig) if config else default_config()
         if cfg is not None and tls:
             cfg.tls = True
+        from hacrl_fed.launch.preflight import check_resume, check_simulate
+
+        if cfg is not None:  # every file, model and path the run needs, before any process starts
+            check_simulate(cfg, output_dir)
+        else:
+            check_resume(resume)
         result = run_simulation(cfg, output_dir=output_dir, run_name=run_name, resume=resume, progress=progress)
     except (ConfigError, ValueError) as err:
         fail(_one_line(err))

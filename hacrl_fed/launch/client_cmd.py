@@ -2,8 +2,10 @@
 
 1. resolve the site config (``--config client.toml`` and flags; paths relative to the current
    directory), check it before anything starts (:func:`check_site`: the agent is in the roster,
-   the signing and node keys exist and match the roster, the model name resolves) and write it
-   to ``<output_dir>/<agent>/client.resolved.toml``;
+   the signing and node keys exist and match the roster, the model name resolves, ``--port`` is
+   free, the checkpoints belong to ``--run-id`` when given), lock ``<output_dir>/<agent>/`` (a
+   second client there stops with one line naming the first one's pid) and write the config to
+   ``<output_dir>/<agent>/client.resolved.toml``;
 2. start the agent worker (``hacrl-fed worker``, loopback only; its progress lines — one per
    trained step — are shown on the terminal) and wait until Health answers ready — or, with
    ``--worker-address``, attach to a worker someone else runs (e.g. in a vLLM environment) and
@@ -17,8 +19,9 @@
    SIGINT/SIGTERM, everything is stopped and the command exits.
 
 A site keeps running after a run ends (it cannot tell a finished run from a restarting
-coordinator); stop it with Ctrl-C. A restarted client resumes from the worker's latest checkpoint
-and rejoins the running run.
+coordinator); stop it with Ctrl-C: the worker then saves a checkpoint of the steps it trained since
+the last one. A restarted client resumes from the worker's newest intact checkpoint and rejoins the
+running run.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from pathlib import Path
 
 import tomli_w
 
+from hacrl_fed.atomic import DirLock
 from hacrl_fed.config import ClientConfig, ConfigError, absolute_path
 from hacrl_fed.launch import processes as launch
-from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, free_port
+from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, free_port, port_problem
 from hacrl_fed.site.watch import SupernodeWatcher, worker_line_visible
 from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
 
@@ -106,8 +110,9 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
     Always: TLS material exists (unless ``insecure``), the node key exists and is an EC key
     (unless ``insecure``). With a roster: the agent is listed, and the node key matches its
     ``node_key`` entry. With ``own_worker`` (the client starts the worker): a roster and a signing
-    key are required, the signing key matches the roster's ``ed25519`` entry, and the model name
-    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading).
+    key are required, the signing key matches the roster's ``ed25519`` entry, the model name
+    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading), and with
+    ``run_id`` set, the site's newest checkpoint (if any) belongs to that run.
     """
     from hacrl_fed.protocol.keys import KeyFileError, Roster, RosterError, load_signing_key, public_key_b64
 
@@ -141,6 +146,23 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
             check_model_name(agent.model.name_or_path, agent.model.gguf_file)
         except ModelLoadError as err:
             raise ConfigError(str(err)) from None
+        held = _checkpoint_run(Path(agent.checkpoint_dir or Path(cfg.output_dir) / name / "checkpoints"))
+        if cfg.run_id and held and held[0] != cfg.run_id:
+            raise ConfigError(f"run_id {cfg.run_id!r}: {held[2]} holds checkpoints of run {held[0]!r} (step "
+                              f"{held[1]}); move them away or use another --output-dir to join {cfg.run_id!r}")
+
+
+def _checkpoint_run(root: Path) -> tuple[str, int, Path] | None:
+    """(run id, step, directory) of the newest checkpoint under ``root`` as its ``state.json`` says (no
+    integrity check: the worker verifies when it loads), or None."""
+    import json
+
+    try:
+        name = (root / "latest").read_text(encoding="utf-8").strip()
+        meta = json.loads((root / name / "state.json").read_text(encoding="utf-8"))
+        return str(meta["run_id"]), int(meta["step"]), root / name
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _worker_argv(config: Path, address: str, address_file: Path) -> list[str]:
@@ -170,6 +192,9 @@ def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int,
             return 1
         code = node.returncode
         sup.stop(node)
+        if watcher.fatal:  # a restart cannot help
+            log.error("%s; stopping the site (choose another --port)", watcher.fatal)
+            return 1
         if time.monotonic() - started > 120:
             backoff = 1.0
         log.info("flower-supernode exited (%s); restarting it in %.0f s", watcher.exit_reason(code), backoff)
@@ -198,13 +223,25 @@ def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: st
     """Run the site until the worker exits or a signal arrives. Returns the exit code (0 after a signal).
 
     ``cfg`` must be resolved (:func:`resolve_client_config`). ``port`` is the SuperNode's
-    ClientApp API port (default: a free one). Raises ConfigError (:func:`check_site`) before
-    anything starts; a worker that fails to start ends the client with a message and code 1.
+    ClientApp API port (default: a free one). Raises ConfigError (:func:`check_site`, a ``port``
+    in use) and LockedError (another client runs in this site's directory, named with its pid)
+    before anything starts; a worker that fails to start ends the client with a message and code 1.
     """
     check_site(cfg, own_worker=worker_address is None)
+    if port is not None and (busy := port_problem("127.0.0.1", port)):
+        raise ConfigError(f"--port {port}: {busy}; stop it, or choose another --port")
     name = cfg.agent.name
     site_dir = Path(cfg.output_dir) / name
-    site_dir.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(site_dir, what=f"the site directory of {name!r}")  # a second client here stops now
+    try:
+        return _run_site(cfg, site_dir, port, worker_address, worker_timeout_s)
+    finally:
+        lock.release()
+
+
+def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_address: str | None,
+              worker_timeout_s: float) -> int:
+    name = cfg.agent.name
     resolved = site_dir / "client.resolved.toml"
     resolved.write_text(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)), encoding="utf-8")
     env = launch.flwr_env(site_dir / "flwr")

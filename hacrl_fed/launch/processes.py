@@ -135,8 +135,9 @@ def start_superlink(sup: Supervisor, *, host: str, port: int, database: str | Pa
 
 
 def _wait_listening(proc: ManagedProcess, host: str, port: int, timeout_s: float) -> None:
+    """Wait until ``proc`` itself (or a child) listens on ``port``: another program there does not count."""
     try:
-        wait_for_tcp(host, port, timeout_s, alive=proc.alive)
+        wait_for_tcp(host, port, timeout_s, alive=proc.alive, owner=proc.pid)
     except (RuntimeError, TimeoutError) as err:
         raise RuntimeError(f"{proc.name} did not start: {err}\n{proc.tail()}") from None
 

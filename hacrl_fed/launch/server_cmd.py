@@ -1,7 +1,8 @@
 """``hacrl-fed server --config server.toml``: the coordinator host (ARCHITECTURE.md §1).
 
-1. validate the config and the roster, resolve every path (relative to the current directory),
-   check that the installed hacrl_fed is importable by the interpreter Flower's app processes use;
+1. validate the config and the roster, resolve every path (relative to the current directory), check
+   that the SuperLink port is free (else one line naming it and the process holding it), the data files
+   exist, and the installed hacrl_fed is importable by the interpreter Flower's app processes use;
 2. write ``<run dir>/server.resolved.json`` (what the ServerApp reads) and a private ``FLWR_HOME``
    (``<run dir>/flwr/config.toml`` with one SuperLink connection);
 3. start ``flower-superlink`` (TLS and SuperNode authentication by default, ``--database``, no
@@ -26,7 +27,7 @@ from typing import IO
 
 from hacrl_fed.config import ConfigError, ServerConfig, absolute_path
 from hacrl_fed.launch import processes as launch
-from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor
+from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, port_problem
 
 __all__ = ["resolve_server_config", "run_server"]
 
@@ -65,12 +66,16 @@ def _check_cert_covers_loopback(cert_path: str) -> None:
 
 def _preflight(cfg: ServerConfig) -> None:
     """Fail fast, with one clear message, on anything the run would trip over later."""
+    from hacrl_fed.launch.preflight import check_data, check_writable
     from hacrl_fed.protocol.keys import Roster
 
+    sl = cfg.superlink
+    busy = port_problem(sl.host, sl.port)
+    if busy:
+        raise ConfigError(f"superlink.port: {busy}; stop it, or choose another superlink.port")
     roster = Roster.load(cfg.roster)
     if len(roster) < cfg.run.min_agents:
         raise ConfigError(f"{cfg.roster}: {len(roster)} agent(s), but run.min_agents is {cfg.run.min_agents}")
-    sl = cfg.superlink
     if sl.node_auth:
         missing = [a for a in roster if not roster.node_key(a)]
         if missing:
@@ -81,6 +86,8 @@ def _preflight(cfg: ServerConfig) -> None:
             if not Path(f).is_file():  # type: ignore[arg-type]
                 raise ConfigError(f"{f}: no such file (create TLS files with `hacrl-fed keys certs`)")
         _check_cert_covers_loopback(sl.server_cert)  # type: ignore[arg-type]
+    check_data(cfg.run.data)
+    check_writable(cfg.run.output_dir, "run.output_dir")
     from hacrl_fed.coordinator.rounds import resume_settings
     from hacrl_fed.coordinator.state import load_state, run_digest
 

@@ -5,8 +5,10 @@ a file (optionally tee-ing selected lines to our stdout with a prefix, and handi
 callback), and stops them all, last started first:
 SIGTERM to the process group and to every descendant (Flower's ``flower-superexec`` starts its
 own session, so the group alone is not enough), a grace period, then SIGKILL. On Linux every
-child also gets ``PR_SET_PDEATHSIG`` = SIGTERM, so the children of a SIGKILLed supervisor stop too
-(Flower's own helper processes watch their parent and follow). :meth:`Supervisor.handle_signals` turns SIGINT/SIGTERM into :class:`Shutdown` in the
+child also gets ``PR_SET_PDEATHSIG`` = SIGTERM, so the children of a SIGKILLed supervisor stop too,
+and a guardian process (:data:`_GUARDIAN`) stops everything their trees started — also processes in
+sessions of their own, such as Flower's ServerApp — within about a second of the supervisor's death,
+whatever killed it. :meth:`Supervisor.handle_signals` turns SIGINT/SIGTERM into :class:`Shutdown` in the
 main thread, so ``with Supervisor(...)`` blocks unwind and clean up. ANSI colour codes (Flower
 colours its log levels unconditionally) are stripped from every line before it reaches a file, the
 terminal or a callback.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import re
@@ -36,7 +39,8 @@ from typing import IO
 
 import psutil
 
-__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "find_executable", "free_port", "strip_ansi", "wait_for_tcp"]
+__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "find_executable", "free_port", "port_problem", "strip_ansi",
+           "wait_for_tcp"]
 
 log = logging.getLogger("hacrl_fed.supervise")
 
@@ -97,19 +101,77 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_tcp(host: str, port: int, timeout_s: float, *, alive: Callable[[], bool] = lambda: True) -> None:
-    """Wait until something accepts TCP connections on ``host:port``.
+def _listeners(port: int) -> list[psutil.Process]:
+    """Processes with a listening TCP socket on ``port`` (those this user may see)."""
+    found = []
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(conn.pid))
+    return found
 
-    Raises TimeoutError after ``timeout_s``; RuntimeError when ``alive()`` turns false first.
+
+def _describe(procs: Sequence[psutil.Process]) -> str:
+    names = []
+    for p in procs[:3]:
+        with contextlib.suppress(psutil.Error):
+            names.append(f"pid {p.pid} ({' '.join(p.cmdline())[:120] or p.name()})")
+    return ", ".join(names) or "another process"
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use — by which process, when it can be told — or
+    not an address of this machine), or None when it is free. ``0.0.0.0``/``::``/'' mean every interface."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no obstacle
+        try:
+            s.bind((host or "0.0.0.0", port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return f"{host}:{port} is already in use by {_describe(_listeners(port))}"
+            return f"{host}:{port} cannot be listened on: {err.strerror}"
+    return None
+
+
+def wait_for_tcp(host: str, port: int, timeout_s: float, *, alive: Callable[[], bool] = lambda: True,
+                 owner: int | None = None) -> None:
+    """Wait until something accepts TCP connections on ``host:port`` — with ``owner``, until process
+    ``owner`` or one of its descendants listens there (another program on that port does not count).
+
+    Raises TimeoutError after ``timeout_s``; RuntimeError when ``alive()`` turns false first, or when the
+    port answers but belongs to another process that ``owner`` never displaces.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not alive():
-            raise RuntimeError(f"process exited before {host}:{port} accepted connections")
+            others = _listeners(port)
+            raise RuntimeError(f"process exited before {host}:{port} accepted connections"
+                               + (f" ({host}:{port} is in use by {_describe(others)})" if others else ""))
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
-            return
+            if owner is None or _owns(owner, port):
+                return
         time.sleep(0.2)
+    others = _listeners(port)
+    if others and owner is not None:
+        raise RuntimeError(f"{host}:{port} is in use by {_describe(others)}, not by the started process")
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s:g} s")
+
+
+def _owns(pid: int, port: int) -> bool:
+    """``pid`` or a descendant listens on ``port`` (True as well when that cannot be inspected)."""
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return False
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for p in tree for c in p.net_connections(kind="tcp"))
+    except psutil.AccessDenied:
+        return True
+    except psutil.Error:
+        return False
 
 
 @dataclass
@@ -205,6 +267,68 @@ def _pump(stream: IO[bytes], log_file: IO[bytes], echo: IO[str] | None, prefix: 
     log_file.close()
 
 
+_GUARDIAN = r"""
+import os, select, signal, sys
+import psutil
+
+grace = float(sys.argv[1])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+roots, seen, buf = {}, {}, b""
+
+def look():
+    for pid, born in list(roots.items()):
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() != born:
+                raise psutil.NoSuchProcess(pid)
+            seen[pid] = born
+            for child in proc.children(recursive=True):
+                seen[child.pid] = child.create_time()
+        except psutil.Error:
+            roots.pop(pid, None)
+
+while True:
+    ready, _, _ = select.select([0], [], [], 0.5)
+    if ready:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            pid, born = line.split()
+            roots[int(pid)] = float(born)
+    look()
+look()
+left = []
+for pid, born in seen.items():
+    try:
+        proc = psutil.Process(pid)
+        if proc.create_time() == born and pid != os.getpid():
+            left.append(proc)
+    except psutil.Error:
+        pass
+for proc in left:
+    try:
+        proc.terminate()
+        proc.resume()  # a stopped process handles its SIGTERM only once it runs
+    except psutil.Error:
+        pass
+_, left = psutil.wait_procs(left, timeout=grace)
+for proc in left:
+    try:
+        proc.kill()
+    except psutil.Error:
+        pass
+"""
+"""The guardian process of a :class:`Supervisor`: it learns every started child's pid on its stdin and
+watches each child's process tree (twice a second). When its stdin closes — the supervisor exited, or
+was killed, even by SIGKILL — it stops every process of those trees still alive (SIGTERM, a grace
+period, SIGKILL), including those that left the tree in their own session (Flower's
+``flower-superexec`` and its ServerApp processes)."""
+
+
 class Supervisor:
     """Starts and stops a set of child processes; a context manager that always cleans up.
 
@@ -218,6 +342,7 @@ class Supervisor:
         self.grace_s = grace_s
         self.procs: list[ManagedProcess] = []
         self._old_handlers: dict[int, object] = {}
+        self._guardian: subprocess.Popen | None = None
 
     def start(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | Path | None = None, echo: IO[str] | None = None,
@@ -240,6 +365,7 @@ class Supervisor:
         except OSError:
             log_file.close()
             raise
+        self._guard(popen.pid)
         proc = ManagedProcess(name, list(argv), popen, log_path, grace_s=grace_s)
         pump = threading.Thread(target=_pump, args=(popen.stdout, log_file, echo, f"[{name}] ", echo_filter, on_line),
                                 daemon=True, name=f"log-{name}")
@@ -248,6 +374,27 @@ class Supervisor:
         self.procs.append(proc)
         log.info("started %s (pid %d): %s", name, popen.pid, " ".join(argv))
         return proc
+
+    def _guard(self, pid: int) -> None:
+        """Tell the guardian (started with the first child) about ``pid``: should this process die without
+        cleaning up, the guardian stops ``pid`` and everything it started."""
+        try:
+            if self._guardian is None:
+                self._guardian = subprocess.Popen([sys.executable, "-c", _GUARDIAN, str(self.grace_s)],
+                                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                                  stderr=subprocess.DEVNULL, start_new_session=True)
+            self._guardian.stdin.write(f"{pid} {psutil.Process(pid).create_time()!r}\n".encode())  # type: ignore[union-attr]
+            self._guardian.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, psutil.Error) as err:  # the child already died, or no guardian: the normal stop remains
+            log.warning("no guardian for pid %d: %s", pid, err)
+
+    def _release_guardian(self) -> None:
+        if self._guardian is not None:
+            with contextlib.suppress(OSError):
+                self._guardian.stdin.close()  # type: ignore[union-attr]
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._guardian.wait(timeout=self.grace_s + 10)
+            self._guardian = None
 
     def stop(self, proc: ManagedProcess) -> int | None:
         """Stop one process (and its descendants); it is forgotten afterwards."""
@@ -293,4 +440,5 @@ class Supervisor:
         try:
             self.stop_all()
         finally:
+            self._release_guardian()
             self._restore_signals()

@@ -103,10 +103,12 @@ def serve(worker, address: str, *, threads: int = 4) -> tuple[grpc.Server, str]:
     """Start a gRPC server for ``worker`` on ``address``; return it and the bound address.
 
     ``127.0.0.1:0`` picks a free port (the returned address names it). Raises ``ValueError`` for a
-    non-loopback address, ``RuntimeError`` if the address cannot be bound.
+    non-loopback address, ``RuntimeError`` if the address cannot be bound (also when another process
+    listens there: the port is never shared).
     """
     check_bind_address(address)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
+                         options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])  # a taken port fails, never shares
     wgrpc.add_AgentWorkerServicer_to_server(AgentWorkerServicer(worker), server)
     try:
         port = server.add_insecure_port(address)

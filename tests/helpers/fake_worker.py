@@ -58,7 +58,7 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
     def Generate(self, request, context):
         plan = request.plan
         self.requests.append(request)
-        self._record("Generate", step=plan.step)
+        self._record("Generate", step=plan.step, **({"notice": request.notice} if request.notice else {}))
         if self.fail == "Generate":
             context.abort(grpc.StatusCode.INTERNAL, "RuntimeError: generation exploded")
         if self.cases:

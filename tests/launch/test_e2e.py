@@ -230,9 +230,8 @@ def test_federation_end_to_end(deployment):
         assert mal["status"] == "rejected" and mal["reason"] == HOSTILE[case_of(step)][1].value, (step, mal)
         assert mal["detail"] and mal["rows_accepted"] == 0
         assert "mallory" not in r["participants"], r
-        if r.get("interrupted"):
-            # the coordinator's stop cut the train phase short: it counts as done, not as trained
-            assert not r["trained"], r
+        if r.get("interrupted"):  # done, but not recorded as trained: the sites' next batches say who trained it
+            assert r["trained"] is False and all(a["status"] != "trained" for a in r["agents"].values()), r
             continue
         assert r["trained"], r
         trained = {a for a in r["participants"] if r["agents"][a]["status"] == "trained"}
@@ -248,6 +247,8 @@ def test_federation_end_to_end(deployment):
     assert "(last trained step 1)" in dep.log("bob")  # the restarted worker resumed from its checkpoint
     calls = [json.loads(line) for line in (dep.root / "mallory-calls.jsonl").read_text().splitlines()]
     assert calls and not any(c["rpc"] == "Train" for c in calls)
+    notices = [c["notice"] for c in calls if c.get("notice")]  # the attacker's site is told every refusal
+    assert notices and all(": your batch was not pooled (" in n for n in notices), notices
 
     # --- every site shuts down cleanly; nothing is left running
     sites = [*MODELS, "mallory", "mallory-worker"]

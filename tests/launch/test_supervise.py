@@ -153,3 +153,36 @@ def test_deployment_kit_configs_are_valid():
     for path in clients:
         cfg = load_config(path, ClientConfig)
         assert cfg.node_key and cfg.root_certificates and cfg.agent.private_key and cfg.agent.roster, path
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_grandchildren_in_their_own_session_die_with_a_killed_supervisor(tmp_path):
+    """The death signal reaches only direct children; the guardian stops what they started, also in a session
+    of its own (Flower's superexec and ServerApp), whatever killed the supervisor."""
+    grandchild = ("import subprocess, sys, time; "
+                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+                  "print(p.pid, flush=True); time.sleep(600)")
+    script = textwrap.dedent(f"""
+        import sys, time
+        from hacrl_fed.launch.supervise import Supervisor
+        sup = Supervisor({str(tmp_path)!r})
+        p = sup.start("child", [sys.executable, "-c", {grandchild!r}])
+        print(p.pid, flush=True)
+        time.sleep(600)
+    """)
+    outer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(outer.stdout.readline())
+    log = tmp_path / "child.log"
+    end = time.monotonic() + 20
+    while not (log.exists() and log.read_text().strip()):
+        assert time.monotonic() < end
+        time.sleep(0.1)
+    orphan = psutil.Process(int(log.read_text().split()[0]))
+    time.sleep(1.5)  # the guardian looks twice a second
+    outer.kill()
+    outer.wait()
+    end = time.monotonic() + 10
+    while orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < end, "a grandchild outlived its SIGKILLed supervisor"
+        time.sleep(0.1)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

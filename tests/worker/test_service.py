@@ -123,3 +123,18 @@ def test_worker_command_writes_address_and_stops_on_sigterm(make_sites, tmp_path
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and f"listening on {address}" in out
+
+
+def test_a_taken_worker_port_is_never_shared():
+    """gRPC servers set SO_REUSEPORT by default: a second worker on a taken port would silently share it."""
+    import socket
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        with pytest.raises(RuntimeError, match="cannot bind the worker to 127.0.0.1:"):
+            serve(object(), f"127.0.0.1:{holder.getsockname()[1]}")
+    finally:
+        holder.close()

@@ -1,0 +1,86 @@
+"""What every command checks before it starts a process or loads a model: the files, models and paths a
+run needs, each failure one line naming the config key and the path (:class:`~hacrl_fed.config.ConfigError`,
+exit code 2).
+
+* :func:`check_data` — the run's problem sources (``run.data.path``, ``run.data.eval_path``);
+* :func:`check_models` — every agent's model name resolves (no download, no loading);
+* :func:`check_writable` — an output directory can be created and written;
+* :func:`check_simulate` / :func:`check_resume` — all of the above for ``hacrl-fed simulate``.
+
+Relative paths are taken against the current directory, as the commands resolve them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, SimulateConfig
+
+__all__ = ["check_data", "check_models", "check_resume", "check_simulate", "check_writable"]
+
+_PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
+
+
+def check_data(data: DataConfig, key: str = "run.data") -> None:
+    """The data files a run reads exist: ``path`` for ``source = "file"`` (and for ``hf`` when it is written
+    as a path: a local dataset directory), ``eval_path`` whenever it is set. Raises ConfigError."""
+    if data.source == "file" or (data.source == "hf" and data.path and data.path.startswith(_PATH_PREFIXES)):
+        _exists(data.path, f"{key}.path", "data file" if data.source == "file" else "dataset directory")
+    if data.eval_path:
+        _exists(data.eval_path, f"{key}.eval_path", "data file")
+
+
+def _exists(path: str | None, key: str, what: str) -> None:
+    p = Path(os.path.abspath(Path(path or "").expanduser()))
+    if not p.exists():
+        raise ConfigError(f"{key}: {p}: no such {what} (create it, or point {key} at yours)")
+    if what == "data file" and not p.is_file():
+        raise ConfigError(f"{key}: {p}: not a file")
+
+
+def check_models(agents: Sequence[AgentConfig], key: str = "agents") -> None:
+    """Every agent's ``model.name_or_path`` resolves (:func:`hacrl_fed.worker.models.check_model_name`).
+    Raises ConfigError naming the agent's key."""
+    from hacrl_fed.worker.models import ModelLoadError, check_model_name
+
+    for i, agent in enumerate(agents):
+        try:
+            check_model_name(agent.model.name_or_path, agent.model.gguf_file)
+        except ModelLoadError as err:
+            raise ConfigError(f"{key}[{i}].model.name_or_path ({agent.name}): {' '.join(str(err).split())}") from None
+
+
+def check_writable(path: str | Path, key: str) -> None:
+    """``path`` is, or can be created as, a writable directory. Raises ConfigError."""
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {p}: cannot create or write {'it' if probe == p else probe}")
+
+
+def check_simulate(cfg: SimulateConfig, output_dir: str | Path | None = None) -> None:
+    """Everything ``hacrl-fed simulate --config`` needs, before any file is written. Raises ConfigError."""
+    check_data(cfg.run.data)
+    check_models(cfg.agents)
+    check_writable(output_dir or cfg.run.output_dir, "run.output_dir")
+    for i, agent in enumerate(cfg.agents):
+        if agent.model.cache_dir:
+            check_writable(agent.model.cache_dir, f"agents[{i}].model.cache_dir")
+
+
+def check_resume(run_dir: str | Path) -> None:
+    """What a ``hacrl-fed simulate --resume`` run needs: its data and models (as resolved when the run was
+    prepared). A directory that is not a simulate run is left to the resume itself to refuse."""
+    try:
+        data = json.loads((Path(run_dir) / "simulate.resolved.json").read_text(encoding="utf-8"))
+        run = DataConfig.model_validate(data["server"]["run"]["data"])
+        agents = [AgentConfig.model_validate(c["agent"]) for c in data["clients"].values()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    check_data(run)
+    check_models(agents)
