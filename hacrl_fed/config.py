@@ -98,7 +98,10 @@ class VerifierConfig(Strict):
     """Answer verification (math-verify in a killable process pool)."""
 
     timeout_s: PositiveFloat = 5.0
-    """Hard wall-clock limit per item; a timeout is a ``verifier_error`` verdict (reward 0)."""
+    """Limit per item in CPU seconds of the verifier process (so machine load does not change a verdict); an
+    item over it is retried once with a longer limit, and one over that too is a ``verifier_error`` verdict
+    (reward 0, counted as ``verifier_timeouts``). A generous wall-clock limit backs it up against a process that
+    sleeps."""
     workers: PositiveInt = 2
     """Processes in the verifier pool."""
     truncated_reward: Literal["zero", "verify"] = "zero"

@@ -93,6 +93,8 @@ class AgentVerification:
     """Rollouts with equal reward but another verdict (e.g. verifier_error vs incorrect)."""
     verifier_errors: int = 0
     """Coordinator-side verifier errors (timeouts, crashes): reward 0."""
+    verifier_timeouts: int = 0
+    """Of those, items that still ran out of CPU time after the verifier's retry (reason ``timeout …``)."""
 
     @property
     def accuracy(self) -> float:
@@ -129,6 +131,7 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
     prompts = {p.prompt_id: p for p in plan.prompts}
     todo: list[tuple[str, int]] = []
     results: dict[str, list[tuple[float, int]]] = {}
+    timeouts: dict[str, int] = {}
     for item in accepted:
         rows = results.setdefault(item.agent, [])
         for i, r in enumerate(item.batch.rollouts):
@@ -150,7 +153,11 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
             if v.verdict not in _VERDICT_CODES:
                 raise ValueError(f"verifier returned unknown verdict {v.verdict!r}")
             results[agent][i] = (float(v.reward), _VERDICT_CODES[v.verdict])
-    return {agent: _compare(agent, by_agent[agent], rows) for agent, rows in results.items()}
+            timeouts[agent] = timeouts.get(agent, 0) + str(getattr(v, "reason", "")).startswith("timeout")
+    out = {agent: _compare(agent, by_agent[agent], rows) for agent, rows in results.items()}
+    for agent, n in timeouts.items():
+        out[agent].verifier_timeouts = n
+    return out
 
 
 def _compare(agent: str, batch: pb.RolloutBatch, rows: list[tuple[float, int]]) -> AgentVerification:

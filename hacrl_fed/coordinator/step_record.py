@@ -12,7 +12,7 @@ Metrics line of one step (``event = "step"``), per agent under ``agents.<name>``
 :class:`~hacrl_fed.protocol.validation.Reason` value), ``detail``, ``rows_accepted``,
 ``rows_rejected``, ``accuracy`` (coordinator verdicts), ``site_accuracy`` (claimed),
 ``capability`` (P̂ after this step), ``reward_disagreements``, ``verdict_mismatches``,
-``verifier_errors``, ``bytes_in``/``bytes_out`` (wire bytes of replies/orders), ``generate_s`` and
+``verifier_errors`` (``verifier_timeouts`` of them ran out of CPU time), ``bytes_in``/``bytes_out`` (wire bytes of replies/orders), ``generate_s`` and
 ``train_s`` (worker-reported), and the worker's raw ``generate``/``train`` metrics (bounded, as
 everything read from a reply: :mod:`~hacrl_fed.coordinator.intake`). ``timing``
 holds the coordinator's phases in seconds (``plan_s``, ``generate_s``, ``validate_s``,
@@ -271,7 +271,8 @@ def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
         "accuracy": v.accuracy if v else None, "site_accuracy": v.site_accuracy if v else None,
         "capability": tracker.capability(a.agent) if known else None,
         "reward_disagreements": v.disagreements if v else 0, "verdict_mismatches": v.verdict_mismatches if v else 0,
-        "verifier_errors": v.verifier_errors if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
+        "verifier_errors": v.verifier_errors if v else 0,
+        "verifier_timeouts": v.verifier_timeouts if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
         "generate_s": worker_seconds(a.generate), "train_s": worker_seconds(a.train),
         "model_fingerprint": a.fingerprint, "generate": a.generate, "train": a.train, "per_source": a.per_source,
         "train_rejected": a.train_rejected, "rolled_back_steps": a.reconciled.get("rolled_back", []),

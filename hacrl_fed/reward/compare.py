@@ -67,7 +67,10 @@ def _strict_numeric_eq(grader: ModuleType):
             xv, yv = sympy.N(x, 50), sympy.N(y, 50)
             if not (xv.is_number and yv.is_number) or xv.has(sympy.nan, sympy.zoo) or yv.has(sympy.nan):
                 return False
-            diff = abs(xv - yv)
+            exact = x - y  # exact numbers: sympy combines terms, so 2004! + 2 - (2004! + 1) is the Integer 1
+            if exact.is_Rational:
+                return exact == 0 or (tol > EXACT_REL_TOL and bool(abs(exact) <= tol * max(abs(xv), abs(yv))))
+            diff = abs(sympy.N(exact, 50))  # evalf of the difference raises precision where terms cancel
             if diff == 0:
                 return True
             return bool(diff <= tol * max(abs(xv), abs(yv)) * (1 + 1e-9))

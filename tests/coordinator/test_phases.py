@@ -9,6 +9,7 @@ from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import SamplingConfig
 from hacrl_fed.coordinator.phases import build_round_plan, capability_table, reverify, step_seed
 from hacrl_fed.protocol.validation import AcceptedBatch
+from hacrl_fed.reward.verdict import Verdict
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hostile import honest_batch
 
@@ -87,8 +88,22 @@ def test_reverify_counts_verifier_errors_and_verdict_only_mismatches(plan):
     assert out["alice"].verifier_errors == 2
     assert out["alice"].disagreements == 1  # the correct sample lost its reward
     assert out["alice"].verdict_mismatches == 1  # incorrect vs verifier_error, both 0
+    assert out["alice"].verifier_timeouts == 0
     with pytest.raises(ValueError, match="verdicts"):
         reverify(lambda *a: [], [_accepted(p, "alice")], p)
+
+
+def test_reverify_counts_the_verifier_timeouts_of_each_agent(plan):
+    """A verdict the verifier gave up on (CPU limit, after its retry) is counted per agent for the step record."""
+    p = plan(b=1, g=2)
+
+    def first_times_out(responses, *rest):
+        return [Verdict.error("timeout after 5.0 s CPU")] + [Verdict.error("worker crashed (exit code 9)")] * (
+            len(responses) - 1)
+
+    out = reverify(first_times_out, [_accepted(p, "alice"), _accepted(p, "bob")], p)
+    assert (out["alice"].verifier_timeouts, out["alice"].verifier_errors) == (1, 2)
+    assert (out["bob"].verifier_timeouts, out["bob"].verifier_errors) == (0, 2)
 
 
 def test_capability_table_lists_this_steps_agents(plan):

@@ -51,6 +51,14 @@ def test_tiny_values_do_not_collapse(verifier):
     assert kinds(out) == ["incorrect", "correct", "incorrect"]
 
 
+def test_huge_exact_values_are_compared_exactly(verifier):
+    """2004! + 2 and 2004! + 1 differ by 1 in ~5 700 digits: a relative tolerance calls them equal."""
+    ref = "2004!+1"
+    responses = [r"\boxed{2004!+2}", r"\boxed{2004!+1}", r"\boxed{1+2004!}", r"\boxed{100!\cdot\sqrt{2}+1}"]
+    out = verifier.verify(responses, [ref, ref, ref, r"100!\sqrt{2}"])
+    assert kinds(out) == ["incorrect", "correct", "correct", "incorrect"]
+
+
 def test_float_tolerance_is_relative(verifier):
     responses = [r"\boxed{0.333333}", r"\boxed{0.33}", r"\boxed{13.0}", r"\boxed{1234568.0}", r"\boxed{0.7071068}"]
     refs = [r"\frac{1}{3}", r"\frac{1}{3}", "13", "1234567", r"\frac{\sqrt{2}}{2}"]
