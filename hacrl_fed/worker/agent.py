@@ -12,6 +12,7 @@ import hashlib
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, SamplingConfig
@@ -19,6 +20,7 @@ from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strin
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
+from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
@@ -211,8 +213,10 @@ class AgentWorker:
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
         m = self.cfg.model
+        literal = partial(encode_response_text, self.tokenizer)  # the plan's text never writes a turn boundary
         return {p.prompt_id: tuple(render_prompt(self.tokenizer, p.text, system_prompt=m.system_prompt,
-                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens))
+                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens,
+                                                 literal=literal))
                 for p in prompts}
 
     def close(self) -> None:

@@ -74,6 +74,7 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
     ``samples < 1`` or invalid sampling parameters.
     """
     from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.tokenization.views import encode_response_text
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -81,7 +82,8 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
     for start in range(0, len(items), max(1, chunk_prompts)):
         chunk = items[start:start + max(1, chunk_prompts)]
         prompts = [render_prompt(tokenizer, it.problem, system_prompt=system_prompt, template=template,
-                                 max_tokens=max_prompt_tokens) for it in chunk]
+                                 max_tokens=max_prompt_tokens, literal=lambda s: encode_response_text(tokenizer, s))
+                   for it in chunk]
         generated = engine.generate(prompts, samples, sampling, seed + start)
         verdicts = verifier.verify([g.text for g in generated],
                                    [chunk[g.prompt_index].reference for g in generated],
