@@ -253,6 +253,14 @@ class ClientConfig(Strict):
     """The coordinator's ``run.run_id`` this site joins, if known: a site whose checkpoints belong to another
     run then refuses to start (unset: the first order of another run is refused, never trained on)."""
 
+    @model_validator(mode="after")
+    def _schedule_horizon(self) -> ClientConfig:
+        optim = self.agent.optim
+        if optim.needs_schedule_steps and optim.schedule_steps is None:
+            raise ValueError(f"agent.optim.schedule_steps is required with lr_scheduler_type = "
+                             f"{optim.lr_scheduler_type!r} or warmup_ratio: set it to the coordinator's run.steps")
+        return self
+
 
 class SimulateConfig(Strict):
     """``hacrl-fed simulate --config simulate.toml``: every agent on one machine, loopback."""
@@ -270,6 +278,14 @@ class SimulateConfig(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"agents[].name must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_horizon(self) -> SimulateConfig:
+        """A schedule without ``optim.schedule_steps`` spans the run: ``run.steps``."""
+        for agent in self.agents:
+            if agent.optim.needs_schedule_steps and agent.optim.schedule_steps is None:
+                agent.optim.schedule_steps = self.run.steps
         return self
 
 

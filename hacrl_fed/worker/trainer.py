@@ -19,7 +19,7 @@ import gc
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hacrl_fed.algo.advantages import row_advantages
@@ -102,8 +102,13 @@ class Trainer:
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
+        if optim.needs_schedule_steps and optim.schedule_steps is None:
+            raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
+                             "optim.schedule_steps: set it to the coordinator's run.steps")
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
+        self.on_update: Callable[[int, int], None] | None = None
+        """Called before update k of M of a step (``on_update(k, M)``; the worker's status display)."""
         self.step = 0
         self.run_id = ""
         self.capability = b""
@@ -273,11 +278,13 @@ class Trainer:
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
                 temperature: float, step: int) -> dict[str, float]:
         was_training = self.model.training
-        self.model.train(self.gradient_checkpointing)
+        # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
+        self.model.train(self.optim.update_mode == "train" or self.gradient_checkpointing)
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id, source_rotation=step)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
+                                max_response_tokens=self.max_response_tokens, on_update=self.on_update)
         finally:
             self.model.train(was_training)
 

@@ -184,3 +184,27 @@ def test_published_eos_logprobs_and_truncated_foreign_rows(make_sites, plans):
     assert src.get("bob", {}).get("rows", 0.0) == len(bob_rows) - long
     # own rows longer than the cap are kept, their behaviour sums re-summed over the kept prefix: s = 1
     assert src["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("update_mode", ["train", "eval"])
+def test_update_runs_in_the_configured_module_mode(make_sites, plans, update_mode):
+    from hacrl_fed.config import OptimConfig
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": KINDS["alice"]}, optim=OptimConfig(lr=1e-3, mini_batch_rows=8, seed=0,
+                                                                    update_mode=update_mode))
+    alice = sites.start("alice")
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    modes: list[bool] = []
+    hook = alice.model.model.register_forward_pre_hook(lambda m, _: modes.append(m.training))
+    fixes = [("alice", r.prompt_id, r.sample_index, 1.0) for r in pb.RolloutBatch.FromString(env.payload).rollouts
+             if r.sample_index == 0]
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env],
+                                          capabilities=make_table(plan, {"alice": 0.5}, corrections=fixes)))
+    hook.remove()
+    assert modes and set(modes) == {update_mode == "train"}
+    assert not alice.model.training                       # generation and evaluation stay in eval mode
+    # the tiny models have no dropout: an own row's ratio is 1 in either mode
+    assert _per_source(report)["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert report.metrics["entropy"] > 0 and report.metrics["lr"] == 1e-3
