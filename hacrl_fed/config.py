@@ -32,6 +32,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "RewardFuncConfig",
     "RunConfig",
     "SamplingConfig",
     "ServerConfig",
@@ -147,6 +148,17 @@ class ModelConfig(Strict):
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
 
 
+class RewardFuncConfig(Strict):
+    """One weighted term of the learner's training reward (TRL ``reward_funcs`` + ``reward_weights``)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """``accuracy`` (the coordinator-verified verdict), ``format`` (a stated ``\\boxed{}`` answer), or an
+    import path ``package.module:function`` to a TRL-style ``reward(prompts, completions, **kwargs)``
+    (:mod:`hacrl_fed.reward.functions`)."""
+    weight: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    """Its weight w_f in R = Σ_f w_f · r_f."""
+
+
 class AgentConfig(Strict):
     """One site's agent: identity, model, algorithm, optimizer."""
 
@@ -156,6 +168,12 @@ class AgentConfig(Strict):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    reward_funcs: list[RewardFuncConfig] = Field(default_factory=list)
+    """The training reward as a weighted sum (TRL ``reward_funcs``/``reward_weights``), e.g.
+    ``[{name = "accuracy"}, {name = "format", weight = 0.1}]``. Empty (default): the verified accuracy alone.
+    The learner computes every term but ``accuracy`` itself, for its own and its peers' rows alike; only the
+    accuracy crosses the wire and feeds the capability P̂. With weights summing above 1, raise
+    ``algo.baseline_guard`` to the largest total reward (the guard is meant for rewards in [0, 1])."""
     private_key: str | None = None
     """Ed25519 private key file (``hacrl-fed keys gen``); generated into the run directory if unset."""
     roster: str | None = None
@@ -164,6 +182,14 @@ class AgentConfig(Strict):
     """Where the worker keeps checkpoints; defaults to ``<output_dir>/<name>/checkpoints``."""
     worker_address: str = "127.0.0.1:0"
     """Worker gRPC bind address: loopback ``host:port`` (0 = pick a free port) or ``unix:/path``."""
+
+    @model_validator(mode="after")
+    def _unique_rewards(self) -> AgentConfig:
+        names = [f.name for f in self.reward_funcs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"reward_funcs: each function once; repeated: {', '.join(dupes)}")
+        return self
 
 
 class RunConfig(Strict):

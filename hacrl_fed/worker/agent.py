@@ -27,7 +27,7 @@ from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import load_model, model_fingerprint
-from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes
+from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
 __all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
 
@@ -147,6 +147,7 @@ class AgentWorker:
         self.key = load_signing_key(cfg.private_key)
         self.roster = Roster.load(cfg.roster) if cfg.roster else {}
         self.lock = threading.Lock()
+        rewards = reward_terms(cfg)                      # a bad reward function fails before the model loads
         root = Path(checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints")
         self._dir_lock = DirLock(root, what=f"the checkpoints of {cfg.name}")  # before a model loads
         try:
@@ -166,7 +167,8 @@ class AgentWorker:
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
+                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
+                               rewards=rewards)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
@@ -281,7 +283,7 @@ class AgentWorker:
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
-                max_new_tokens=sampling.max_new_tokens))
+                max_new_tokens=sampling.max_new_tokens, prompts={p.prompt_id: p for p in plan.prompts}))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,
