@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
@@ -221,6 +221,18 @@ class RunConfig(Strict):
     """Evaluate on the held-out split every N steps (0 = only before and after)."""
     seed: int = 0
     output_dir: str = "runs"
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
+    """Where the coordinator's metrics go besides ``metrics.jsonl`` (always written; TRL ``report_to``):
+    ``"tensorboard"`` also writes every numeric field of every metrics line as a TensorBoard scalar to
+    ``<run dir>/tensorboard/`` (``tensorboard --logdir runs``; needs ``pip install "hacrl-fed[tensorboard]"``).
+    One name may be given as a string; ``"none"`` is the empty list."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [] if value == "none" else [value]
+        return value
 
 
 class SuperLinkConfig(Strict):
