@@ -92,6 +92,8 @@ def worker_cmd(
     address: str | None = typer.Option(None, "--address", help="Bind address: 127.0.0.1:PORT (0 = free) or unix:/path."),
     address_file: Path | None = typer.Option(None, "--address-file", help="Write the bound address here when healthy."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
+    status_file: Path | None = typer.Option(None, "--status-file", help="Keep the worker's current phase here "
+                                            "(JSON: loading, generating with tokens/s, training k/M …)."),
 ) -> None:
     """Advanced: run only the site's agent worker (the process that owns the model).
 
@@ -121,7 +123,7 @@ def worker_cmd(
     _worker_logging()
     try:
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
-                   resume=not no_resume)
+                   resume=not no_resume, status_file=str(status_file) if status_file else None)
     except (ModelNotFoundError, KeyFileError, RosterError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
