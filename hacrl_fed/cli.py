@@ -25,9 +25,12 @@ app.add_typer(keys_app, name="keys")
 
 def _print_version(value: bool) -> None:
     if value:
-        from hacrl_fed import __version__
+        from importlib.metadata import PackageNotFoundError, version
 
-        typer.echo(f"hacrl-fed {__version__}")
+        try:
+            typer.echo(f"hacrl-fed {version('hacrl-fed')}")
+        except PackageNotFoundError:
+            fail("hacrl-fed is not installed as a package (pip install -e .), so it has no version")
         raise typer.Exit()
 
 

