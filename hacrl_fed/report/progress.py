@@ -174,6 +174,7 @@ class SimulationView:
 
     def exported(self, name: str, path: str) -> None:
         self._done(f"export/{name}")
+        self._done(f"agent/{name}", f"{name}: done, model exported")
         self.message(f"{name} exported to {path}")
 
     def record(self, rec: dict[str, Any]) -> None:

@@ -46,3 +46,11 @@ def test_view_shows_status_lines_and_prints_the_disk_once_loaded(tmp_path):
         assert task.description.startswith("smollm2: generating step 1 (8 rollouts) — 40 tokens")
         view.disk()
     assert "disk: this run will write ≈ 1.0 KiB" in out.getvalue()
+
+
+def test_an_exported_agent_line_is_done(tmp_path):
+    view = SimulationView(default_config(), tmp_path, console=Console(file=io.StringIO()), enabled=False)
+    view.loading("gemma3", "cpu", "gemma3-270m")
+    view.exported("gemma3", str(tmp_path / "export"))
+    (task,) = view.progress.tasks
+    assert task.finished and task.description == "gemma3: done, model exported"
