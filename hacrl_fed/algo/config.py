@@ -115,6 +115,24 @@ class AlgoConfig(BaseModel):
     """Clamp of |log s| before exponentiation (overflow guard)."""
     rollout_multiplier: Annotated[int, Field(ge=1)] = 1
     """Own rollouts per prompt = multiplier × G (GSPO×2 = 2, isolated)."""
+    loss_aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
+    """How row losses −J_i become the mini-batch loss (:func:`hacrl_fed.algo.losses.aggregate`; L_i = the
+    row's response tokens, n = rows of the mini-batch). ``sequence_mean`` (the paper, spec §6; TRL
+    ``loss_type="grpo"``): Σ_i −J_i / n. ``token_mean`` (DAPO, arXiv 2503.14476; TRL ``"dapo"``, and
+    ``"bnpo"`` which normalizes per micro-batch): Σ_i L_i·(−J_i) / Σ_i L_i — every token weighs the same.
+    ``constant`` (Dr. GRPO, arXiv 2503.20783; TRL ``"dr_grpo"``): Σ_i L_i·(−J_i) / (n · L_max), L_max = the
+    learner's ``model.max_response_tokens``: no length normalization at all."""
+    reward_scaling: Literal["group", "batch", "none"] = "group"
+    """Denominator of the advantage (:func:`hacrl_fed.algo.advantages.group_advantages`; TRL
+    ``scale_rewards``). ``group`` (the paper, Eq. 6; TRL ``"group"``/``True``): A = (R − μ̂)/(σ_group + ε).
+    ``batch`` (TRL ``"batch"``; Hu et al., REINFORCE++): σ = unbiased std of every reward of the learner's
+    step. ``none`` (Dr. GRPO; TRL ``"none"``/``False``): A = R − μ̂. The baseline μ̂ (capability-weighted
+    for HACPO) and the uniform-group and size-1 rules are the same in every mode."""
+    mask_truncated_completions: bool = False
+    """Rows that do not end with EOS (cut at ``max_new_tokens``, or at the learner's ``max_response_tokens``)
+    give no loss and no gradient (TRL ``mask_truncated_completions``; DAPO's overlong filtering). Their
+    rewards still enter the advantages of their group; they still count in the ``sequence_mean`` and
+    ``constant`` denominators, not in ``token_mean``'s or the KL's token counts."""
 
     @model_validator(mode="before")
     @classmethod

@@ -20,6 +20,9 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
   ``pos_adv_grad_rows``: j's rows with A > 0 for k, and those of them with a gradient.
 * ``peer_grad_frac`` (per agent): share of all peer rows over the run that reached the agent's gradient.
 * ``wire_bytes``: bytes of k's orders and replies on the Flower wire in that step (both phases).
+* in ``metrics.jsonl`` (``agents.<k>.train``, the learner's raw metrics): ``entropy`` (mean token entropy of the
+  policy over the trained response tokens, nats), ``lr`` (mean learning rate of the step's updates),
+  ``masked_truncated_rows``, ``reward/<function>_mean`` (with ``reward_funcs``), ``loss``, ``grad_norm`` ….
 * ``weight_bytes`` (per agent): size of the exported ``*.safetensors``; ``weights_per_wire`` = weight_bytes
   / mean wire bytes per step.
 """

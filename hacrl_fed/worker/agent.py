@@ -15,6 +15,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from hacrl_fed.algo.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
@@ -29,7 +30,8 @@ from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import load_model, model_fingerprint
-from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes
+from hacrl_fed.worker.status import StatusFile, TokenCounter, disk_estimate
+from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
 __all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
 
@@ -131,6 +133,8 @@ class AgentWorker:
         keep_checkpoints: checkpoints kept on disk (older ones are deleted).
         max_batch_sequences: sequences per ``generate`` call.
         verifier: a running :class:`~hacrl_fed.reward.Verifier` to share (default: start one from ``cfg.verifier``).
+        status_file: where to keep the worker's phase for a progress display (:mod:`hacrl_fed.worker.status`);
+            None: nowhere.
 
     Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded;
     ``CheckpointError`` when checkpoints exist but none is intact, or they belong to another run than ``run_id``;
@@ -140,7 +144,8 @@ class AgentWorker:
     def __init__(self, cfg: AgentConfig, *, checkpoint_dir: str | Path | None = None,
                  sampling: SamplingConfig | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  resume: bool = True, keep_checkpoints: int = 3, max_batch_sequences: int = 32,
-                 verifier: Verifier | None = None, run_id: str | None = None) -> None:
+                 verifier: Verifier | None = None, run_id: str | None = None,
+                 status_file: str | Path | None = None) -> None:
         if not cfg.private_key:
             raise ValueError(f"agent {cfg.name!r} needs agent.private_key (create one with `hacrl-fed keys gen`)")
         self.cfg = cfg
@@ -149,8 +154,11 @@ class AgentWorker:
         self.key = load_signing_key(cfg.private_key)
         self.roster = Roster.load(cfg.roster) if cfg.roster else {}
         self.lock = threading.Lock()
+        rewards = reward_terms(cfg)                      # a bad reward function fails before the model loads
         root = Path(checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints")
         self._dir_lock = DirLock(root, what=f"the checkpoints of {cfg.name}")  # before a model loads
+        self.status = StatusFile(status_file, cfg.name)
+        self.status.set("loading", model=cfg.model.name_or_path, device=cfg.model.device)
         try:
             self.loaded = load_model(cfg.model)
         except BaseException:
@@ -168,7 +176,8 @@ class AgentWorker:
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
+                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
+                               rewards=rewards)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
@@ -192,6 +201,10 @@ class AgentWorker:
         self._own_verifier = verifier is None
         self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
         _ = self.fingerprint
+        self.tokens = TokenCounter(unwrap_causal_lm(self.model)[0], self.status)
+        self.trainer.on_update = lambda k, m: self.status.update(update=k, updates=m, force=True)
+        self.status.state["disk"] = disk_estimate(self.model, is_lora=self.loaded.is_lora)
+        self.status.set("idle", step=self.trainer.step)
 
     # ------------------------------------------------------------------ helpers
 
@@ -275,9 +288,11 @@ class AgentWorker:
             order = [p.prompt_id for p in plan.prompts]
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
-            samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
-            t_gen = time.perf_counter()
-            verdicts, verifier_counts = self._verify(plan.prompts, samples)
+            with self.status.phase("generating", step=plan.step, rollouts=n * len(order)), self.tokens.counting():
+                samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
+                t_gen = time.perf_counter()
+                self.status.set("verifying", step=plan.step, rollouts=len(samples))
+                verdicts, verifier_counts = self._verify(plan.prompts, samples)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
@@ -285,7 +300,7 @@ class AgentWorker:
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
-                max_new_tokens=sampling.max_new_tokens))
+                max_new_tokens=sampling.max_new_tokens, prompts={p.prompt_id: p for p in plan.prompts}))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,
@@ -348,7 +363,8 @@ class AgentWorker:
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
             self._fingerprint = None
-            report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
+            with self.status.phase("training", step=req.step):
+                report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
             _ = self.fingerprint
             log.info("%s", train_summary(report))
             for line in report.rejected:
@@ -371,7 +387,8 @@ class AgentWorker:
         sampling = sampling_from_proto(req.sampling, self.sampling_defaults.max_new_tokens)
         items = [EvalItem(p.prompt_id, p.text, p.reference_answer, p.answer_style or "boxed") for p in req.prompts]
         m = self.cfg.model
-        with self.lock:
+        with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(items)), \
+                self.tokens.counting():
             results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
                                      seed=req.sampling.seed, system_prompt=m.system_prompt, template=m.chat_template,
                                      max_prompt_tokens=m.max_prompt_tokens,
@@ -397,9 +414,10 @@ class AgentWorker:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory."""
         if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
             raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
-        with self.lock:
+        export = req.kind == wpb.CheckpointRequest.EXPORT
+        with self.lock, self.status.phase("exporting" if export else "checkpointing", step=self.trainer.step):
             step = self.trainer.step
-            if req.kind == wpb.CheckpointRequest.EXPORT:
+            if export:
                 out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out)), step=step)
             path = self._save(req.path)

@@ -19,7 +19,7 @@ import gc
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hacrl_fed.algo.advantages import row_advantages
@@ -30,13 +30,14 @@ from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
+from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.worker.engine import GeneratedSample
 from hacrl_fed.worker.errors import PreconditionError
 
-__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes"]
+__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
@@ -62,6 +63,14 @@ class StepRollouts:
     max_new_tokens: int | None = None
     """The plan's generation cap: a peer rollout may count at most this many behaviour tokens and hold at most
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
+    prompts: dict[str, pb.PromptItem] = field(default_factory=dict)
+    """The plan's prompts by id (problem text, reference answer, style: the columns of the reward functions)."""
+
+
+def reward_terms(cfg) -> WeightedRewards | None:
+    """The training reward of agent config ``cfg`` (``reward_funcs``), None for the verified accuracy alone.
+    Raises ``ValueError`` (one line) for a function that cannot be loaded."""
+    return weighted_rewards(cfg.reward_funcs)
 
 
 def process_rss_bytes() -> float:
@@ -85,12 +94,14 @@ class Trainer:
         gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
         response_separator: the learner template's prompt/response boundary for re-encoded foreign text
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
+        rewards: the weighted training reward (:func:`reward_terms`), computed here for every row trained,
+            own and foreign; None trains on the verified accuracy alone.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
-                 response_separator: str | None = None) -> None:
+                 response_separator: str | None = None, rewards: WeightedRewards | None = None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -102,8 +113,14 @@ class Trainer:
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
+        self.rewards = rewards
+        if optim.needs_schedule_steps and optim.schedule_steps is None:
+            raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
+                             "optim.schedule_steps: set it to the coordinator's run.steps")
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
+        self.on_update: Callable[[int, int], None] | None = None
+        """Called before update k of M of a step (``on_update(k, M)``; the worker's status display)."""
         self.step = 0
         self.run_id = ""
         self.capability = b""
@@ -133,6 +150,7 @@ class Trainer:
                    if self.algo.share_rollouts else {})
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
+        rewards, reward_means = self._training_rewards(own, foreign, rewards)
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
@@ -150,7 +168,7 @@ class Trainer:
         counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped),
                   "dropped_truncated_rows": float(sum(cut.values()))}
         counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
-        return self._report(own, rows, ratios, metrics | timings | counts, rejected)
+        return self._report(own, rows, ratios, metrics | timings | counts | reward_means, rejected)
 
     # ------------------------------------------------------------------ phases
 
@@ -222,6 +240,28 @@ class Trainer:
             del batches[agent]
         return rewards
 
+    def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
+                          rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:
+        """The weighted training reward of every row to train, own and foreign, computed by this learner from
+        the text it holds (:mod:`hacrl_fed.reward.functions`: only the verified accuracy crosses the wire);
+        the ``accuracy`` term is the coordinator-corrected reward. Also ``reward/<function>_mean``. Without
+        reward functions the rewards are returned as they are."""
+        if self.rewards is None:
+            return rewards, {}
+        keys = [(self.agent, pid, idx) for pid, idx in own.samples]
+        texts = [s.text for s in own.samples.values()]
+        finish = [s.finish_reason for s in own.samples.values()]
+        for agent, rollouts in foreign.items():
+            keys += [(agent, r.prompt_id, r.sample_index) for r in rollouts]
+            texts += [r.response_text for r in rollouts]
+            finish += ["stop" if r.finish_reason == pb.STOP else "length" for r in rollouts]
+        items = [own.prompts[pid] for _, pid, _ in keys]
+        totals, means = self.rewards([p.text for p in items], texts, [rewards[k] for k in keys],
+                                     answer=[p.reference_answer for p in items],
+                                     answer_style=[p.answer_style or "boxed" for p in items],
+                                     source_agent=[a for a, _, _ in keys], finish_reason=finish)
+        return rewards | dict(zip(keys, totals, strict=True)), {f"reward/{n}_mean": v for n, v in means.items()}
+
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
         """Own rows (generated ids) + foreign rows (re-tokenized). Rows left without a response token are
@@ -273,11 +313,13 @@ class Trainer:
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
                 temperature: float, step: int) -> dict[str, float]:
         was_training = self.model.training
-        self.model.train(self.gradient_checkpointing)
+        # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
+        self.model.train(self.optim.update_mode == "train" or self.gradient_checkpointing)
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id, source_rotation=step)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
+                                max_response_tokens=self.max_response_tokens, on_update=self.on_update)
         finally:
             self.model.train(was_training)
 

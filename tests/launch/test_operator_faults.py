@@ -218,6 +218,21 @@ def test_a_wrong_model_name_in_simulate_fails_before_any_worker_starts(tmp_path)
     assert "./models/no-such-model" in lines[0] and not (tmp_path / "runs").exists()
 
 
+def test_an_unloadable_reward_function_in_simulate_fails_before_any_worker_starts(tmp_path):
+    text = (ROOT / "examples" / "tiny.toml").read_text(encoding="utf-8")
+    text = text.replace('[[agents]]\nname = "gemma-unigram"',
+                        '[[agents]]\nname = "gemma-unigram"\nreward_funcs = [{ name = "site_rewards:missing" }]')
+    assert "site_rewards" in text
+    (tmp_path / "tiny.toml").write_text(text, encoding="utf-8")
+    result = runner.invoke(app, ["simulate", "--config", str(tmp_path / "tiny.toml"), "--no-progress",
+                                 "--output-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and "agents[1].reward_funcs (gemma-unigram): reward function 'site_rewards:missing'" \
+        in lines[0] and "cannot import site_rewards" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_server_with_a_missing_data_file_fails_before_anything_starts(tmp_path, federation):
     from hacrl_fed.launch.supervise import free_port
 

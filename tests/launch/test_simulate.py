@@ -102,6 +102,9 @@ def test_tiny_simulation_end_to_end(tmp_path):
     md = (run_dir / "report.md").read_text()
     assert all(n in md for n in names) and "plot.png" in md
     assert "held-out accuracy" in output and str(run_dir / "report.md") in output
+    assert "disk: this run will write ≈ " in output and "exported models" in output
+    for name in names:                                   # the workers' status files, last phase after the export
+        assert json.loads((run_dir / name / "status.json").read_text())["phase"] == "idle"
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -184,3 +184,52 @@ def test_published_eos_logprobs_and_truncated_foreign_rows(make_sites, plans):
     assert src.get("bob", {}).get("rows", 0.0) == len(bob_rows) - long
     # own rows longer than the cap are kept, their behaviour sums re-summed over the kept prefix: s = 1
     assert src["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("update_mode", ["train", "eval"])
+def test_update_runs_in_the_configured_module_mode(make_sites, plans, update_mode):
+    from hacrl_fed.config import OptimConfig
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": KINDS["alice"]}, optim=OptimConfig(lr=1e-3, mini_batch_rows=8, seed=0,
+                                                                    update_mode=update_mode))
+    alice = sites.start("alice")
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    modes: list[bool] = []
+    hook = alice.model.model.register_forward_pre_hook(lambda m, _: modes.append(m.training))
+    fixes = [("alice", r.prompt_id, r.sample_index, 1.0) for r in pb.RolloutBatch.FromString(env.payload).rollouts
+             if r.sample_index == 0]
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env],
+                                          capabilities=make_table(plan, {"alice": 0.5}, corrections=fixes)))
+    hook.remove()
+    assert modes and set(modes) == {update_mode == "train"}
+    assert not alice.model.training                       # generation and evaluation stay in eval mode
+    # the tiny models have no dropout: an own row's ratio is 1 in either mode
+    assert _per_source(report)["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert report.metrics["entropy"] > 0 and report.metrics["lr"] == 1e-3
+
+
+def test_weighted_rewards_are_computed_by_the_learner_for_every_row(make_sites, plans, tmp_path, monkeypatch):
+    from hacrl_fed.config import RewardFuncConfig
+
+    (tmp_path / "site_shaping.py").write_text(
+        "def length_bucket(prompts, completions, source_agent, **kw):\n"
+        "    return [float(len(c) % 3) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    make_plan, make_table = plans
+    funcs = [RewardFuncConfig(name="accuracy"), RewardFuncConfig(name="site_shaping:length_bucket", weight=0.25)]
+    sites = make_sites(KINDS, reward_funcs=funcs)
+    alice, bob = sites.start("alice"), sites.start("bob")
+    plan = make_plan(1)
+    env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope
+    fixes = _corrections(env_b, "bob", every=2)
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env_a, env_b],
+                                          capabilities=make_table(plan, {"alice": 0.5, "bob": 0.5}, corrections=fixes)))
+    batch_b = pb.RolloutBatch.FromString(env_b.payload)
+    assert all(r.reward in (0.0, 1.0) for r in batch_b.rollouts)     # the wire carries the accuracy alone
+    fixed = {(pid, idx) for _, pid, idx, _ in fixes}
+    accuracy = [1.0 if (r.prompt_id, r.sample_index) in fixed else r.reward for r in batch_b.rollouts]
+    shaped = [a + 0.25 * (len(r.response_text) % 3) for a, r in zip(accuracy, batch_b.rollouts)]
+    assert _per_source(report)["bob"]["reward_mean"] == pytest.approx(sum(shaped) / len(shaped))
+    assert "reward/length_bucket_mean" in report.metrics and "reward/accuracy_mean" in report.metrics
