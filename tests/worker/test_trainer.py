@@ -184,3 +184,16 @@ def test_published_eos_logprobs_and_truncated_foreign_rows(make_sites, plans):
     assert src.get("bob", {}).get("rows", 0.0) == len(bob_rows) - long
     # own rows longer than the cap are kept, their behaviour sums re-summed over the kept prefix: s = 1
     assert src["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_kl_free_presets_build_no_reference_model(make_sites):
+    """gspo / grpo / gspo_x2 have no KL term (kl_coef 0): no frozen copy, no reference forward; hacpo keeps its own."""
+    sites = make_sites({"alice": "tiny-llama-bpe", "bob": "tiny-llama-bpe", "carol": "tiny-llama-bpe"})
+    sites.cfg["alice"].algo = AlgoConfig.preset("gspo")
+    sites.cfg["bob"].algo = AlgoConfig.preset("hacpo")
+    sites.cfg["carol"].algo = AlgoConfig.preset("gspo", kl_coef=0.01)
+    alice, bob, carol = sites.start("alice"), sites.start("bob"), sites.start("carol")
+    assert alice.trainer.ref_model is None
+    for worker in (bob, carol):
+        ref = worker.trainer.ref_model
+        assert ref is not None and ref is not worker.model and not any(p.requires_grad for p in ref.parameters())
