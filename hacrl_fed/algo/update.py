@@ -186,6 +186,7 @@ class _Context:
     temperature: float
     pad_id: int
     device: torch.device
+    autocast_dtype: torch.dtype | None = None
 
 
 def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
@@ -193,8 +194,10 @@ def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
 
 
 def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
-                          chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"])
+    """Response-token log-probs [B, T] (LM head over response positions only), under autocast if asked."""
+    with torch.autocast(device_type=ctx.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast_dtype is not None):
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
+                              chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"])
 
 
 @torch.no_grad()
@@ -286,7 +289,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
                  advantages: Sequence[float], ratios: Mapping[str, float], algo: AlgoConfig,
                  optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
                  temperature: float = 1.0, pad_id: int | None = None,
-                 source_rotation: int = 0) -> dict[str, float]:
+                 source_rotation: int = 0, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
 
     Args:
@@ -302,6 +305,9 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         pad_id: padding id (masks come from lengths, so any id works); default from the model config.
         source_rotation: rotates the order of the sources (:func:`source_order`); pass the step so
             no source always gets the tightest stepwise bounds.
+        autocast_dtype: ``torch.bfloat16`` (or ``float16``) runs the forward passes under ``torch.autocast``
+            (mixed precision; parameters, gradients, AdamW state and the loss stay in their own dtype,
+            float32 normally); None (default): no autocast.
 
     With ``algo.ratio_level == "token"`` (GRPO) the per-token old log-probs of own rows come from one
     no-grad forward of ``model`` before the first optimizer step (the wire carries only sums).
@@ -317,7 +323,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
-            ``ref_model`` with ``kl_coef > 0`` — all before any parameter changes.
+            ``ref_model`` with ``kl_coef > 0``, an autocast dtype other than bfloat16 / float16 — all before
+            any parameter changes.
     """
     rows = list(rows)
     _validate(rows, advantages, ratios, algo, learner)
@@ -330,8 +337,10 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     rows = [rows[i] for i in order]
     adv = [float(advantages[i]) for i in order]
     ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]
+    if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
-                   _pad_id(model, pad_id), next(model.parameters()).device)
+                   _pad_id(model, pad_id), next(model.parameters()).device, autocast_dtype)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
     for mb in plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
                                stepwise_index=algo.stepwise_index):

@@ -162,11 +162,14 @@ class AgentWorker:
         self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
                                       logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
                                       stop_strings=stop_strings(self.tokenizer, cfg.model.chat_template,
-                                                                cfg.model.stop))
+                                                                cfg.model.stop),
+                                      behaviour_logprobs=cfg.model.behaviour_logprobs,
+                                      autocast_dtype=self.loaded.autocast_dtype)
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
+                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
+                               autocast_dtype=self.loaded.autocast_dtype)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0

@@ -84,6 +84,8 @@ class LoadedModel:
     source: ModelSource
     device: Any
     is_lora: bool
+    autocast_dtype: Any = None
+    """``torch.bfloat16`` when ``model.autocast = "bfloat16"`` (forwards run under ``torch.autocast``), else None."""
 
 
 def default_cache_dir() -> Path:
@@ -338,7 +340,9 @@ def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> Load
     elif not cfg.train_embeddings:
         freeze_embeddings(model)
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora)
+    autocast_dtype = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+    return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora,
+                       autocast_dtype=autocast_dtype)
 
 
 def embedding_parameters(model):

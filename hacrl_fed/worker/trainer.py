@@ -85,12 +85,13 @@ class Trainer:
         gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
         response_separator: the learner template's prompt/response boundary for re-encoded foreign text
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
+        autocast_dtype: mixed precision of the update's forwards (``torch.bfloat16``), None for none.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
-                 response_separator: str | None = None) -> None:
+                 response_separator: str | None = None, autocast_dtype=None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -102,6 +103,7 @@ class Trainer:
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
+        self.autocast_dtype = autocast_dtype
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
         self.step = 0
@@ -277,7 +279,8 @@ class Trainer:
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id, source_rotation=step)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step,
+                                autocast_dtype=self.autocast_dtype)
         finally:
             self.model.train(was_training)
 

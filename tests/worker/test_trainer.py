@@ -197,3 +197,29 @@ def test_kl_free_presets_build_no_reference_model(make_sites):
     for worker in (bob, carol):
         ref = worker.trainer.ref_model
         assert ref is not None and ref is not worker.model and not any(p.requires_grad for p in ref.parameters())
+
+
+@pytest.mark.parametrize(("mode", "autocast", "used"), [("generation", "none", "generation"),
+                                                       ("teacher_forced", "none", "teacher_forced"),
+                                                       ("auto", "bfloat16", "teacher_forced")])
+@pytest.mark.parametrize(("kind", "recipe"), [("tiny-llama-bpe", "hacpo"), ("tiny-gemma-unigram", "gspo")])
+def test_own_rows_are_on_policy_at_the_first_update(make_sites, plans, mode, autocast, used, kind, recipe):
+    """Whichever pass gave the behaviour log-probs (under bf16 autocast: ``auto`` = the trainer's layout), the
+    trainer's first forward reproduces them: every own row's sequence ratio s is 1 up to float rounding before
+    the first optimizer step (all rows in one update). Measured under bf16 autocast the generation pass is off
+    by up to 2.6e-4 in s here, close to GSPO's 3e-4 clip: why ``auto`` does not use it there."""
+    from hacrl_fed.config import OptimConfig
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": kind}, model_kw={"behaviour_logprobs": mode, "autocast": autocast},
+                       optim=OptimConfig(lr=1e-3, mini_batch_rows=64, seed=0))
+    sites.cfg["alice"].algo = AlgoConfig.preset(recipe)
+    alice = sites.start("alice")
+    assert alice.engine.behaviour_logprobs == used
+    plan = make_plan(1, max_new_tokens=16)
+    env = alice.generate(plan).envelope
+    table = make_table(plan, {"alice": 0.5}, corrections=_corrections(env, "alice"))
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env], capabilities=table))
+    own = _per_source(report)["alice"]
+    assert report.metrics["updates"] == 1 and own["rows"] == 6 and own["grad_frac"] > 0
+    assert abs(own["s_min"] - 1) < 1e-5 and abs(own["s_max"] - 1) < 1e-5
