@@ -223,3 +223,47 @@ def test_own_rows_are_on_policy_at_the_first_update(make_sites, plans, mode, aut
     own = _per_source(report)["alice"]
     assert report.metrics["updates"] == 1 and own["rows"] == 6 and own["grad_frac"] > 0
     assert abs(own["s_min"] - 1) < 1e-5 and abs(own["s_max"] - 1) < 1e-5
+
+
+def test_fingerprint_is_chained_per_step_not_rehashed(make_sites, plans, monkeypatch, tmp_path):
+    """A training step publishes lineage(previous, update) without hashing a weight (a resumed worker publishes
+    the same value: tests/worker/test_checkpoint.py); a checkpoint records the content hash (for the resume check)
+    beside the published value; a refused train keeps it; one that fails mid-way falls back to hashing the weights."""
+    import json
+    from pathlib import Path
+
+    import hacrl_fed.worker.agent as agent_mod
+    from hacrl_fed.worker.models import model_fingerprint
+
+    make_plan, make_table = plans
+    alice = make_sites({"alice": "tiny-llama-bpe"}).start("alice")
+    start = alice.health().model_fingerprint
+    assert start == model_fingerprint(alice.model)                       # content hash at load
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    table = make_table(plan, {"alice": 0.5}, corrections=_corrections(env, "alice"))
+    req = wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env], capabilities=table)
+    with monkeypatch.context() as m:
+        calls = []
+        m.setattr(agent_mod, "model_fingerprint", lambda model: calls.append(model) or "sha256:never")
+        alice.train(req)
+        assert calls == []                                               # nothing re-hashed per step
+    published = alice.health().model_fingerprint
+    assert published.startswith("lineage:") and published != start
+    with pytest.raises(PreconditionError):
+        alice.train(req)                                                 # refused: no own rollouts of step 1 left
+    assert alice.health().model_fingerprint == published
+    plan2 = make_plan(2)
+    assert pb.RolloutBatch.FromString(alice.generate(plan2).envelope.payload).model_fingerprint == published
+
+    saved = alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE, path=str(tmp_path / "ck")))
+    meta = json.loads((Path(saved.path) / "state.json").read_text())
+    assert meta["fingerprint"] == model_fingerprint(alice.model) != published
+    assert meta["extra"]["published_fingerprint"] == published == alice.health().model_fingerprint
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(alice.trainer, "train_step", broken)
+    with pytest.raises(RuntimeError):
+        alice.train(wpb.TrainRequest(run_id="run-a", step=2, plan=plan2, envelopes=[env], capabilities=table))
+    assert alice.health().model_fingerprint == model_fingerprint(alice.model)
