@@ -120,6 +120,16 @@ class ModelConfig(Strict):
     """``cpu``, ``cuda``, ``cuda:1`` …"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for training and generation."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision: ``bfloat16`` runs every forward (generation, scoring, the update) under
+    ``torch.autocast`` on the model's device (CPU or CUDA), with float32 weights, gradients and AdamW
+    state (so needs ``dtype = "float32"``). Log-probs then carry bf16 rounding (README, "Mixed precision")."""
+    behaviour_logprobs: Literal["auto", "generation", "teacher_forced"] = "auto"
+    """Where the behaviour log-probs of the sampled tokens come from: ``generation`` reads them from the
+    sampling pass (no second forward); ``teacher_forced`` re-scores every response in one more forward, the
+    trainer's layout; ``auto`` picks ``generation`` for float32 and ``teacher_forced`` under bf16 / fp16
+    (weights or autocast), where only the trainer's layout reproduces the trainer's own first forward to
+    float32 rounding (``hacrl_fed.worker.engine``; README, "Mixed precision")."""
     chat_template: Literal["auto", "plain"] = "auto"
     """``auto``: the tokenizer's chat template when it has one, else the plain template."""
     system_prompt: str = "Solve the problem. Put the final answer in \\boxed{}."
@@ -146,6 +156,13 @@ class ModelConfig(Strict):
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
+
+    @model_validator(mode="after")
+    def _autocast_needs_float32(self) -> ModelConfig:
+        if self.autocast != "none" and self.dtype != "float32":
+            raise ValueError(f"model.autocast = {self.autocast!r} needs model.dtype = 'float32' (the weights autocast "
+                             f"computes from); with dtype = {self.dtype!r} set autocast = 'none'")
+        return self
 
 
 class RewardFuncConfig(Strict):

@@ -103,10 +103,14 @@ class _LinearSelectedLogProb(torch.autograd.Function):
     d log p(y)/d logits = onehot(y) - softmax in place, so one [chunk, V] float32 buffer (two with
     softcapping) plus the [V, H] weight gradient is the whole extra memory. The second output is the
     per-position entropy (``with_entropy``; [0] otherwise), formed in the same buffer, never differentiated.
+    Under ``torch.autocast`` the backward recomputes the logits under the same autocast state as the forward
+    (as ``torch.amp.custom_bwd`` does), so its softmax matches the forward's logsumexp.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk, cap, scale, inv_temperature, with_entropy=False):
+        device_type = hidden.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
         entropy = torch.empty(hidden.shape[0] if with_entropy else 0, dtype=torch.float32, device=hidden.device)
@@ -131,6 +135,12 @@ class _LinearSelectedLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy=None):
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):
+            return _LinearSelectedLogProb._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         chunk, cap, scale, inv_temperature = ctx.consts
         need_h, need_w, need_b = ctx.needs_input_grad[:3]

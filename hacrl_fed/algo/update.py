@@ -193,6 +193,7 @@ class _Context:
     pad_id: int
     device: torch.device
     max_response_tokens: int | None = None
+    autocast_dtype: torch.dtype | None = None
 
     def in_loss(self, row: TrainingRow) -> bool:
         """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
@@ -204,9 +205,12 @@ def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
 
 
 def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor], *, entropy: bool = False):
-    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
-                          chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"],
-                          return_entropy=entropy)
+    """Response-token log-probs [B, T] (LM head over response positions only; with ``entropy`` also the
+    per-token entropy), under autocast if asked."""
+    with torch.autocast(device_type=ctx.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast_dtype is not None):
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
+                              chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"],
+                              return_entropy=entropy)
 
 
 @torch.no_grad()
@@ -314,7 +318,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
                  optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
                  temperature: float = 1.0, pad_id: int | None = None,
                  source_rotation: int = 0, step: int | None = None, max_response_tokens: int | None = None,
-                 on_update: Callable[[int, int], None] | None = None) -> dict[str, float]:
+                 on_update: Callable[[int, int], None] | None = None,
+                 autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
 
     Args:
@@ -336,6 +341,9 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
             leaves the optimizer's lr as it is.
         max_response_tokens: the learner's response cap, L_max of ``algo.loss_aggregation = "constant"``.
         on_update: ``on_update(k, M)`` before update k (1-based) of the step's M updates (progress display).
+        autocast_dtype: ``torch.bfloat16`` (or ``float16``) runs the forward passes under ``torch.autocast``
+            (mixed precision; parameters, gradients, AdamW state and the loss stay in their own dtype,
+            float32 normally); None (default): no autocast.
 
     With ``algo.ratio_level == "token"`` (GRPO) the per-token old log-probs of own rows come from one
     no-grad forward of ``model`` before the first optimizer step (the wire carries only sums).
@@ -353,7 +361,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
-            ``ref_model`` with ``kl_coef > 0`` — all before any parameter changes.
+            ``ref_model`` with ``kl_coef > 0``, an autocast dtype other than bfloat16 / float16 — all before
+            any parameter changes.
     """
     rows = list(rows)
     _validate(rows, advantages, ratios, algo, learner)
@@ -368,8 +377,10 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     rows = [rows[i] for i in order]
     adv = [float(advantages[i]) for i in order]
     ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]
+    if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
-                   _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens)
+                   _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype)
     stats.masked_rows = sum(not ctx.in_loss(r) for r in rows)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
     plan = plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,

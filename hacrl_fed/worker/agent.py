@@ -29,7 +29,7 @@ from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, Trai
 from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
-from hacrl_fed.worker.models import load_model, model_fingerprint
+from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.worker.status import StatusFile, TokenCounter, disk_estimate
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
@@ -172,12 +172,14 @@ class AgentWorker:
         self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
                                       logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
                                       stop_strings=stop_strings(self.tokenizer, cfg.model.chat_template,
-                                                                cfg.model.stop))
+                                                                cfg.model.stop),
+                                      behaviour_logprobs=cfg.model.behaviour_logprobs,
+                                      autocast_dtype=self.loaded.autocast_dtype)
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
-                               rewards=rewards)
+                               rewards=rewards, autocast_dtype=self.loaded.autocast_dtype)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
@@ -191,6 +193,8 @@ class AgentWorker:
                 self.trainer.step, self.trainer.run_id, self.trainer.capability = (state.step, state.run_id,
                                                                                    state.capability)
                 self._saved_step = state.step
+                published = state.extra.get("published_fingerprint")
+                self._fingerprint = published if isinstance(published, str) and published else None
                 detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
                 if run_id and state.run_id and state.run_id != run_id:
                     raise CheckpointError(f"{root} holds checkpoints of run {state.run_id!r} (step {state.step}), "
@@ -210,10 +214,30 @@ class AgentWorker:
 
     @property
     def fingerprint(self) -> str:
-        """Model fingerprint, recomputed after every weight change."""
+        """The fingerprint this worker publishes (``RolloutBatch.model_fingerprint``, ``Health``).
+
+        At start-up: :func:`~hacrl_fed.worker.models.model_fingerprint` of the loaded weights (``sha256:``,
+        config and every tensor). After each completed training step: :func:`~hacrl_fed.worker.models.
+        lineage_fingerprint` of the previous value and :meth:`_update_digest` of the step (``lineage:``), so no
+        weight is re-hashed per step. A resumed worker first checks the loaded weights against the content
+        hash its checkpoint recorded, then publishes the value its predecessor published at that step. After a
+        train request that failed mid-way (weights possibly half-updated) the content hash is computed again.
+        """
         if self._fingerprint is None:
             self._fingerprint = model_fingerprint(self.model)
         return self._fingerprint
+
+    def _update_digest(self, req: wpb.TrainRequest) -> bytes:
+        """SHA-256 of everything a train request's update reads: run, step, every envelope (key id, payload,
+        signature) in order, the capability table and the algorithm and optimizer settings (not the deadline,
+        the notice or the checkpoint interval)."""
+        h = hashlib.sha256(f"{req.run_id}\0{req.step}\0".encode())
+        for env in req.envelopes:
+            for part in (env.key_id.encode(), env.payload, env.signature):
+                h.update(len(part).to_bytes(8, "big") + part)
+        h.update(req.capabilities.SerializeToString(deterministic=True))
+        h.update(self.cfg.algo.model_dump_json().encode() + self.cfg.optim.model_dump_json().encode())
+        return h.digest()
 
     def _check_run(self, run_id: str, step: int, *, for_generate: bool) -> None:
         if not run_id or len(run_id) > MAX_ID_CHARS:
@@ -252,8 +276,10 @@ class AgentWorker:
     def _save(self, path: str) -> Path:
         """Checkpoint the current state (the lock is held)."""
         step = self.trainer.step
+        # the content hash proves the weights at resume; the published value carries on after it
         state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
-                              fingerprint=self.fingerprint, extra={"agent": self.name})
+                              fingerprint=model_fingerprint(self.model),
+                              extra={"agent": self.name, "published_fingerprint": self.fingerprint})
         saved = self.checkpoints.save(self.model, self.trainer.optimizer, state, path or None)
         if not path:
             self._saved_step = step
@@ -362,10 +388,16 @@ class AgentWorker:
                 raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
-            self._fingerprint = None
-            with self.status.phase("training", step=req.step):
-                report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
-            _ = self.fingerprint
+            parent = self.fingerprint
+            try:
+                with self.status.phase("training", step=req.step):
+                    report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
+            except (PreconditionError, InvalidRequestError):
+                raise                              # refused before any weight changed
+            except BaseException:
+                self._fingerprint = None           # the weights may be half-updated: hash them when next asked
+                raise
+            self._fingerprint = lineage_fingerprint(parent, self._update_digest(req))
             log.info("%s", train_summary(report))
             for line in report.rejected:
                 log.warning("step %d: refused a peer batch: %s", report.step, line)

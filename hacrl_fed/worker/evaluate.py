@@ -217,7 +217,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
         raise ValueError(f"{data}: no problems to evaluate")
     lm = load_model(model_cfg)
     engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences,
-                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop))
+                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop),
+                             behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=lm.autocast_dtype)
     chunk = max(1, max_batch_sequences // samples)
     t0 = time.perf_counter()
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

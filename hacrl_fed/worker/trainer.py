@@ -96,12 +96,14 @@ class Trainer:
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
         rewards: the weighted training reward (:func:`reward_terms`), computed here for every row trained,
             own and foreign; None trains on the verified accuracy alone.
+        autocast_dtype: mixed precision of the update's forwards (``torch.bfloat16``), None for none.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
-                 response_separator: str | None = None, rewards: WeightedRewards | None = None) -> None:
+                 response_separator: str | None = None, rewards: WeightedRewards | None = None,
+                 autocast_dtype=None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -114,6 +116,7 @@ class Trainer:
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
         self.rewards = rewards
+        self.autocast_dtype = autocast_dtype
         if optim.needs_schedule_steps and optim.schedule_steps is None:
             raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
                              "optim.schedule_steps: set it to the coordinator's run.steps")
@@ -319,7 +322,8 @@ class Trainer:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
                                 pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
-                                max_response_tokens=self.max_response_tokens, on_update=self.on_update)
+                                max_response_tokens=self.max_response_tokens, on_update=self.on_update,
+                                autocast_dtype=self.autocast_dtype)
         finally:
             self.model.train(was_training)
 
