@@ -104,7 +104,7 @@ def _launch_workers(sup: Supervisor, layout: Layout, view) -> dict[str, tuple[Ma
 
 
 def status_path(layout: Layout, name: str) -> Path:
-    """The status file of agent ``name``'s worker (:mod:`hacrl_fed.worker.status`)."""
+    """The status file of agent ``name``'s worker (:mod:`hacrl_fed.status`)."""
     return layout.run_dir / name / "status.json"
 
 

@@ -48,7 +48,7 @@ class _Count(ProgressColumn):
 
 
 def agent_line(name: str, status: dict[str, Any], now: float | None = None) -> str:
-    """What agent ``name``'s worker is doing, from its status file (:mod:`hacrl_fed.worker.status`)."""
+    """What agent ``name``'s worker is doing, from its status file (:mod:`hacrl_fed.status`)."""
     phase = status.get("phase", "?")
     step = status.get("step")
     seconds = max(0.0, (now if now is not None else time.time()) - float(status.get("since", 0) or 0))

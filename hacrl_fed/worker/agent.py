@@ -30,7 +30,7 @@ from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
-from hacrl_fed.worker.status import StatusFile, TokenCounter, disk_estimate
+from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
 __all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
@@ -133,7 +133,7 @@ class AgentWorker:
         keep_checkpoints: checkpoints kept on disk (older ones are deleted).
         max_batch_sequences: sequences per ``generate`` call.
         verifier: a running :class:`~hacrl_fed.reward.Verifier` to share (default: start one from ``cfg.verifier``).
-        status_file: where to keep the worker's phase for a progress display (:mod:`hacrl_fed.worker.status`);
+        status_file: where to keep the worker's phase for a progress display (:mod:`hacrl_fed.status`);
             None: nowhere.
 
     Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded;

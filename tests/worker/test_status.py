@@ -9,8 +9,8 @@ import pytest
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
-from hacrl_fed.worker import status as status_mod
-from hacrl_fed.worker.status import StatusFile
+from hacrl_fed import status as status_mod
+from hacrl_fed.status import StatusFile
 
 
 def test_status_file_throttles_within_a_phase_and_keeps_the_disk(tmp_path):
