@@ -91,7 +91,8 @@ def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template:
 
 
 _SLOT = "\u2063hacrl-problem\u2063"
-"""Stands for the problem text while the template is encoded around it (never in a problem: see below)."""
+"""Stands for the problem text while the template is rendered around it (invisible separators: no template
+writes it)."""
 
 
 def control_strings(tokenizer) -> list[str]:

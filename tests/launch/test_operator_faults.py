@@ -15,14 +15,14 @@ import tomllib
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
 from hacrl_fed.cli import app
+from procs import MARKER, lay_out_site
+from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = "HACRL_FED_TEST_MARKER"
 runner = CliRunner()
 
 
@@ -37,17 +37,6 @@ def _listener() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-def _marked(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARKER) == marker:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 def _cli(args, *, cwd, timeout=120, marker=None, **kw):
     env = dict(os.environ, **({MARKER: marker} if marker else {}))
     return subprocess.run([sys.executable, "-m", "hacrl_fed.cli", *args], cwd=cwd, capture_output=True, text=True,
@@ -57,11 +46,7 @@ def _cli(args, *, cwd, timeout=120, marker=None, **kw):
 @pytest.fixture
 def site(tmp_path, federation, monkeypatch):
     """A site directory laid out as the client how-to says: keys/, roster.toml."""
-    (tmp_path / "keys").mkdir()
-    for agent in ("alice", "bob"):
-        for kind in ("ed25519", "node"):
-            shutil.copy(federation.root / f"{agent}.{kind}.key", tmp_path / "keys" / f"{agent}.{kind}.key")
-    shutil.copy(federation.roster_path, tmp_path / "roster.toml")
+    lay_out_site(tmp_path, federation)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -18,28 +18,16 @@ import tomllib
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hacrl_fed.config import ConfigError, SimulateConfig, load_config
 from hacrl_fed.launch.simulate import default_config, prepare_run, worker_env
 from hacrl_fed.protocol.keys import Roster, load_signing_key, public_key_b64
+from procs import MARKER
+from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.toml"
-MARKER = "HACRL_FED_TEST_MARKER"
-
-
-def _marked(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose environment carries ``MARKER=marker``."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARKER) == marker:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _assert_no_leftovers(marker: str, patience_s: float = 20.0) -> None:
