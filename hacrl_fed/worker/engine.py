@@ -354,7 +354,7 @@ class _SampledTokenLogprobs:
             self._sampled.append(self._last.gather(1, input_ids[:, -1:]).squeeze(1))
         z = scores.float()
         logp = torch.log_softmax(z * self.inv_temperature if self.inv_temperature != 1.0 else z, dim=-1)
-        self._eos.append(logp[:, self.eos_id])
+        self._eos.append(logp[:, self.eos_id].clone())   # a copy: a view would keep every step's [B, V] alive
         self._last = logp
         return scores
 
