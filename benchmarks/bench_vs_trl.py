@@ -273,7 +273,9 @@ def _child(side: str, model_dir: str, b: int, g: int, args, save_params: str | N
         cmd += ["--save-params", save_params]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{side} {b}x{g} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        why = "killed (SIGKILL: out of memory?)" if proc.returncode == -9 else f"exit {proc.returncode}"
+        print(f"{side} {b}x{g} failed, {why}:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return {"side": side, "failed": why}
     return json.loads(Path(result_path).read_text())
 
 
@@ -333,6 +335,13 @@ def _markdown(results: dict) -> str:
              "peak RSS hacrl-fed / TRL | same completions | Δθ cosine | grad norm hacrl-fed / TRL |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in results["sizes"]:
+        if "failed" in s:
+            done = {side: r for pair in s["runs"] for side, r in pair.items() if "failed" not in r}
+            note = "; ".join(f"{side} {why}" for side, why in s["failed"].items())
+            note += "".join(f"; {side} ran: step {r['step_cpu_s']:.1f} CPU s, peak RSS "
+                            f"{r['peak_rss_bytes'] / gib:.2f} GiB" for side, r in done.items())
+            lines.append(f"| {s['size']} | {note} |" + " |" * 9)
+            continue
         r, m = s["ratio_hacrl_over_trl"], s["median"]
         fmt = lambda k: f"{r[k]['median']:.2f}× [{r[k]['min']:.2f}, {r[k]['max']:.2f}]"   # noqa: E731
         lines.append(
@@ -395,11 +404,17 @@ def main() -> None:
                 pair = {}
                 for side in ("hacrl", "trl"):
                     save = str(Path(tmp) / f"{side}-{size}.safetensors") if rep == 0 else None
-                    pair[side] = _child(side, model_dir, b, g, args, save)
-                    print(f"{size} rep {rep} {side}: step {pair[side]['step_cpu_s']:.1f} CPU s, "
-                          f"{pair[side]['step_wall_s']:.1f} wall s, peak RSS {pair[side]['peak_rss_bytes'] / 2**30:.2f} GiB",
-                          flush=True)
+                    pair[side] = r = _child(side, model_dir, b, g, args, save)
+                    print(f"{size} rep {rep} {side}: " + (r["failed"] if "failed" in r else
+                          f"step {r['step_cpu_s']:.1f} CPU s, {r['step_wall_s']:.1f} wall s, "
+                          f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB"), flush=True)
                 runs.append(pair)
+                if any("failed" in r for r in pair.values()):
+                    break                        # a side that cannot run this size is not retried
+            if any("failed" in r for pair in runs for r in pair.values()):
+                sizes.append({"size": size, "failed": {side: r["failed"] for pair in runs
+                                                       for side, r in pair.items() if "failed" in r}, "runs": runs})
+                continue
             check = _update_cosine(model_dir, str(Path(tmp) / f"hacrl-{size}.safetensors"),
                                    str(Path(tmp) / f"trl-{size}.safetensors"))
             sizes.append(_summary(size, runs, check) | {"runs": runs})

@@ -65,6 +65,9 @@ summary = {
 bench = out / "vs-trl-gpu" / "results.json"
 if status == "ok" and bench.is_file():
     for s in json.loads(bench.read_text())["sizes"]:
+        if "failed" in s:
+            summary["bench_vs_trl"][s["size"]] = {"failed": s["failed"]}
+            continue
         summary["bench_vs_trl"][s["size"]] = {
             "ratio_hacrl_over_trl": {k: v["median"] for k, v in s["ratio_hacrl_over_trl"].items()},
             "median": s["median"], "same_completions": s["same_completions"],

@@ -389,14 +389,14 @@ class AgentWorker:
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
             parent = self.fingerprint
+            self._fingerprint = None               # undefined while the weights change: Health waits for the lock
             try:
                 with self.status.phase("training", step=req.step):
                     report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
             except (PreconditionError, InvalidRequestError):
-                raise                              # refused before any weight changed
-            except BaseException:
-                self._fingerprint = None           # the weights may be half-updated: hash them when next asked
+                self._fingerprint = parent         # refused before any weight changed
                 raise
+            # any other failure leaves it None: the weights may be half-updated, they are hashed when next asked
             self._fingerprint = lineage_fingerprint(parent, self._update_digest(req))
             log.info("%s", train_summary(report))
             for line in report.rejected:

@@ -193,3 +193,26 @@ def test_engine_options_are_checked(load_tiny):
         HFRolloutEngine(lm.model, lm.tokenizer, behaviour_logprobs="vllm")
     with pytest.raises(ValueError, match="autocast dtype"):
         HFRolloutEngine(lm.model, lm.tokenizer, autocast_dtype=torch.float64)
+
+
+def test_capture_keeps_one_step_of_logits():
+    """The capture records [B] values per step and keeps a single [B, V] log-softmax, whatever the length."""
+    from hacrl_fed.worker.engine import _SampledTokenLogprobs
+
+    B, V, width = 3, 50, 4
+    cap = _SampledTokenLogprobs(temperature=0.5, eos_id=7, prompt_width=width)
+    ids = torch.zeros((B, width), dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    steps = []
+    for _ in range(5):
+        scores = torch.randn((B, V), generator=g)
+        assert cap(ids, scores) is scores                                   # logits pass through untouched
+        steps.append(torch.log_softmax(scores / 0.5, -1))
+        ids = torch.cat([ids, torch.randint(0, V, (B, 1), generator=g)], dim=1)
+    sampled, eos = cap.result(ids[:, width:])
+    want = torch.stack([s.gather(1, ids[:, width + t:width + t + 1]).squeeze(1) for t, s in enumerate(steps)], 1)
+    torch.testing.assert_close(sampled, want)
+    torch.testing.assert_close(eos, torch.stack([s[:, 7] for s in steps], 1))
+    assert all(t.untyped_storage().nbytes() == B * 4 for t in cap._eos + cap._sampled)
+    with pytest.raises(RuntimeError, match="out of step"):
+        cap(ids[:, :2], torch.zeros((B, V)))
