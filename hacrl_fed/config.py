@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
+from hacrl_fed.algo.screens import ScreenConfig
 
 __all__ = [
     "AgentConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "SamplingConfig",
+    "ScreenConfig",
     "ServerConfig",
     "SimulateConfig",
     "VerifierConfig",
@@ -156,6 +158,9 @@ class AgentConfig(Strict):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    screens: ScreenConfig = Field(default_factory=ScreenConfig)
+    """What this site checks in its peers' rows before training on them: its own re-verification, the likelihood
+    and answer-tail screens, per-source quarantine (:mod:`hacrl_fed.algo.screens`; on by default)."""
     private_key: str | None = None
     """Ed25519 private key file (``hacrl-fed keys gen``); generated into the run directory if unset."""
     roster: str | None = None

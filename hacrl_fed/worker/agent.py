@@ -19,6 +19,7 @@ from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strin
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
+from hacrl_fed.screens import SiteGuard
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
@@ -167,6 +168,7 @@ class AgentWorker:
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
+        self.trainer.guard = SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
@@ -180,6 +182,7 @@ class AgentWorker:
                 self.trainer.step, self.trainer.run_id, self.trainer.capability = (state.step, state.run_id,
                                                                                    state.capability)
                 self._saved_step = state.step
+                self.trainer.guard.load_state_dict(state.extra.get("screens"))
                 detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
                 if run_id and state.run_id and state.run_id != run_id:
                     raise CheckpointError(f"{root} holds checkpoints of run {state.run_id!r} (step {state.step}), "
@@ -189,6 +192,8 @@ class AgentWorker:
             raise
         self._own_verifier = verifier is None
         self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
+        self.trainer.guard.verify = self.verifier.verify
+        self.trainer.guard.release(cfg.screens.release)
         _ = self.fingerprint
 
     # ------------------------------------------------------------------ helpers
@@ -236,7 +241,8 @@ class AgentWorker:
         """Checkpoint the current state (the lock is held)."""
         step = self.trainer.step
         state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
-                              fingerprint=self.fingerprint, extra={"agent": self.name})
+                              fingerprint=self.fingerprint,
+                              extra={"agent": self.name, "screens": self.trainer.guard.state_dict()})
         saved = self.checkpoints.save(self.model, self.trainer.optimizer, state, path or None)
         if not path:
             self._saved_step = step
@@ -281,7 +287,7 @@ class AgentWorker:
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
-                max_new_tokens=sampling.max_new_tokens))
+                max_new_tokens=sampling.max_new_tokens, references={p.prompt_id: p for p in plan.prompts}))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,

@@ -5,10 +5,12 @@
     own rollouts of the step (kept in memory since Generate, with their token ids)
       → open peers' envelopes against the site's own roster and run the coordinator's content checks
         on them (reject with a reason, never train on them)
-      → apply the coordinator's reward corrections (its verdict wins)
+      → apply the coordinator's reward corrections, then the site's own re-verification of every foreign
+        row (its verdict is what it trains on) and its text screens (``SiteGuard``, :mod:`hacrl_fed.screens`)
       → training rows: own ids as generated, foreign text re-tokenized (prompt re-rendered)
       → capability ratios r_{j→k} from the coordinator's CapabilityTable (clipped, warm-up ⇒ 1)
-      → advantages (Eqs. 6–7) → HACPO update (mini-batches, AdamW) → TrainReport
+      → advantages (Eqs. 6–7) → HACPO update (mini-batches, AdamW; the likelihood screen gates foreign
+        rows inside it) → TrainReport
 
 Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
 """
@@ -30,6 +32,7 @@ from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
+from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -62,6 +65,8 @@ class StepRollouts:
     max_new_tokens: int | None = None
     """The plan's generation cap: a peer rollout may count at most this many behaviour tokens and hold at most
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
+    references: dict[str, pb.PromptItem] = field(default_factory=dict)
+    """The plan's prompts as Generate received them (reference answers for re-verifying peers' rows)."""
 
 
 def process_rss_bytes() -> float:
@@ -85,12 +90,14 @@ class Trainer:
         gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
         response_separator: the learner template's prompt/response boundary for re-encoded foreign text
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
+        guard: the site's screens of foreign rows (:class:`hacrl_fed.screens.SiteGuard`); None trains on every
+            validated foreign row with the coordinator's rewards.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
-                 response_separator: str | None = None) -> None:
+                 response_separator: str | None = None, guard: SiteGuard | None = None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -102,6 +109,7 @@ class Trainer:
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
+        self.guard = guard
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
         self.step = 0
@@ -131,13 +139,21 @@ class Trainer:
         rewards = self._rewards(batches, capability_table, rejected)
         foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
+        guard = self.guard if self.guard is not None and self.guard.active and foreign else None
+        if guard is not None:
+            foreign = self._screen(guard, own, foreign, rewards)
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
         t_adv = time.perf_counter()
-        metrics = self._update(rows, advantages, ratios, own.temperature, own.step)
+        metrics = self._update(rows, advantages, ratios, own.temperature, own.step,
+                               row_gate=guard.gate if guard is not None else None)
+        if guard is not None:
+            screen_metrics, refused = guard.finish_step([a for a in batches if a != self.agent])
+            metrics |= screen_metrics
+            rejected += refused
         t_update = time.perf_counter()
         self.step, self.run_id = own.step, own.run_id
         self.capability = capability_table.SerializeToString(deterministic=True)
@@ -222,6 +238,14 @@ class Trainer:
             del batches[agent]
         return rewards
 
+    def _screen(self, guard: SiteGuard, own: StepRollouts, foreign: dict[str, list],
+                rewards: dict[tuple[str, str, int], float]) -> dict[str, list]:
+        """The site's own verdict on every foreign row (into ``rewards``), then the text screens."""
+        texts = {key: s.text for key, s in own.samples.items()}
+        guard.begin_step(own.step, texts)
+        guard.reverify(foreign, own.references, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.references.items()})
+
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
         """Own rows (generated ids) + foreign rows (re-tokenized). Rows left without a response token are
@@ -271,13 +295,13 @@ class Trainer:
         return out
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
-                temperature: float, step: int) -> dict[str, float]:
+                temperature: float, step: int, row_gate=None) -> dict[str, float]:
         was_training = self.model.training
         self.model.train(self.gradient_checkpointing)
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id, source_rotation=step)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step, row_gate=row_gate)
         finally:
             self.model.train(was_training)
 
