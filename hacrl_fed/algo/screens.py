@@ -14,6 +14,7 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   (ℓ − median) / max(1.4826 · MAD, ``min_scale``) < −``z_threshold`` once the source's window holds
   ``warmup_rows`` rows — **and** lies below the median of the learner's own recent rows; or, whatever the
   source's history, when it lies more than ``own_margin`` nats per byte below the learner's own median.
+  Only rows with a reward are screened (``rewarded_only``) and only rows of at least ``min_bytes``.
   Rows of another model family sit far from the learner's own rows by nature (README "Cross-family
   collaboration"): comparing each source with its own history, and the learner's own rows only with a
   wide margin, keeps honest cross-family rows.
@@ -22,8 +23,8 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   "cut"``, after the answer's closing punctuation) or the row is rejected (``"reject"``); a response longer than ``max_length_factor`` × the
   median length of the other sources' responses to the same prompt (and longer than ``min_length_bytes``)
   is rejected ("long but correct").
-* **quarantine** (:func:`quarantine_step`): a source whose rows were screened out in more than
-  ``flag_frac`` of a step's rows, or whose reward claims the site's own verifier contradicts, has a
+* **quarantine** (:func:`quarantine_step`): a source more than ``flag_frac`` of whose rewarded rows of a
+  step were screened (cut or left out), or whose reward claims the site's own verifier contradicts, has a
   *flagged* step; ``downweight_after`` flagged steps among the last ``memory`` multiply its rows' advantages
   by ``downweight``, ``quarantine_after`` leave all its rows out; ``release_after_clean`` clean steps in a
   row (text screens and reward claims only: a quarantined source's rows are not scored) or the operator
@@ -84,9 +85,18 @@ class LikelihoodScreenConfig(_Strict):
     """Rows a source's window needs before the source-relative test applies (before: only ``own_margin``)."""
     min_scale: Annotated[float, Field(gt=0)] = 0.05
     """Floor of the robust scale 1.4826·MAD (nats/byte): a very tight window does not flag small deviations."""
-    own_margin: Annotated[float, Field(gt=0)] | None = 1.5
-    """A foreign row more than this many nats per byte below the median of the learner's own rows is
-    screened whatever its source's history (None: off). Honest cross-family rows sit well inside it."""
+    own_margin: Annotated[float, Field(gt=0)] | None = 2.5
+    """A foreign row more than this many nats per byte below the median of the learner's own rows is screened
+    whatever its source's history (None: off). Measured on the default pair's initial policies (32 rows each
+    way): the learner's own median −0.47 (SmolLM2) / −0.57 (Gemma-3); the other family's honest rows median
+    −0.85 / −0.67, lowest rewarded one −2.45 (Gemma's text under SmolLM2: 1.98 below; 1.5 would cut it)."""
+    rewarded_only: bool = True
+    """Screen only rows with a reward > 0: a payload is learned through positive advantages, and the short,
+    unanswered rows whose per-byte value is noisiest are then never screened (every row still joins its
+    source's window)."""
+    min_bytes: Annotated[int, Field(ge=1)] = 16
+    """Rows with less content than this are neither screened nor part of a window (per-byte values of a few
+    bytes are noise)."""
 
 
 class TailScreenConfig(_Strict):
@@ -110,8 +120,11 @@ class QuarantineConfig(_Strict):
     """Per-source down-weighting and quarantine (module docstring). Counts are training steps."""
 
     enabled: bool = True
-    flag_frac: Annotated[float, Field(ge=0, lt=1)] = 0.25
-    """A step is flagged for a source when more than this share of its rows were screened (cut or left out)."""
+    flag_frac: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    """A step is flagged for a source when more than this share of its rewarded rows (reward > 0: the rows a
+    payload is learned from) were screened (cut or left out) …"""
+    flag_min_rows: Annotated[int, Field(ge=1)] = 2
+    """… and at least this many of them."""
     reward_disagreements: Annotated[int, Field(ge=1)] = 1
     """… or when at least this many of its reward claims contradict the site's own verifier."""
     memory: Annotated[int, Field(ge=1)] = 5
@@ -272,13 +285,14 @@ class SourceStanding:
         return 0.0 if self.status == "quarantined" else float(cfg.downweight)
 
 
-def step_flagged(rows: int, screened: int, reward_disagreements: int, cfg: QuarantineConfig) -> tuple[bool, str]:
-    """(flagged, reason) of one step of one source: more than ``flag_frac`` of its ``rows`` screened, or at
-    least ``reward_disagreements`` reward claims contradicted by the site's verifier."""
+def step_flagged(rewarded: int, screened: int, reward_disagreements: int, cfg: QuarantineConfig) -> tuple[bool, str]:
+    """(flagged, reason) of one step of one source: of its ``rewarded`` rows (reward > 0), ``screened`` were
+    screened — more than ``flag_frac`` of them and at least ``flag_min_rows`` — or at least
+    ``reward_disagreements`` of its reward claims were contradicted by the site's verifier."""
     if reward_disagreements >= cfg.reward_disagreements:
         return True, f"{reward_disagreements} reward claim(s) contradicted by this site's verifier"
-    if rows and screened / rows > cfg.flag_frac:
-        return True, f"{screened} of {rows} rows screened (> {cfg.flag_frac:g})"
+    if rewarded and screened >= cfg.flag_min_rows and screened / rewarded > cfg.flag_frac:
+        return True, f"{screened} of its {rewarded} rewarded rows screened (> {cfg.flag_frac:g})"
     return False, ""
 
 

@@ -22,7 +22,7 @@ import re
 import statistics
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from hacrl_fed.algo.screens import (
@@ -180,12 +180,14 @@ class SiteGuard:
 
     def screen_text(self, foreign: Mapping[str, Sequence[pb.Rollout]],
                     own_texts: Mapping[tuple[str, int], str],
-                    styles: Mapping[str, str] | None = None) -> dict[str, list[pb.Rollout]]:
+                    styles: Mapping[str, str] | None = None,
+                    rewards: Mapping[RowKey, float] | None = None) -> dict[str, list[pb.Rollout]]:
         """The foreign rollouts to train on: a quarantined source's rows left out (one ``rejected`` line per
         source), then the answer-tail and length screens on each row (cut copies replace cut rows).
 
         ``own_texts`` are the learner's own responses (part of every prompt's length reference); ``styles``
-        maps prompt id → answer style (default ``boxed``). The text screens also run on a quarantined
+        maps prompt id → answer style (default ``boxed``); ``rewards`` the rewards trained on (default: the
+        rollouts' own), which tell the rewarded rows that flag a step. The text screens also run on a quarantined
         source's rows: they decide whether its step was clean.
         """
         if not self.cfg.enabled:
@@ -202,6 +204,8 @@ class SiteGuard:
             kept: list[pb.Rollout] = []
             for r in foreign[src]:
                 self._count(src, "rows")
+                rewarded = (rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0
+                self._count(src, "rewarded_rows", float(rewarded))
                 content = r.response_text.lstrip()
                 nbytes = len(content.encode("utf-8"))
                 end = answer_end(content, styles.get(r.prompt_id) or "boxed")
@@ -215,6 +219,7 @@ class SiteGuard:
                     continue
                 what = "screened_length" if d.screen == "length" else f"screened_tail_{d.action}"
                 self._count(src, what)
+                self._count(src, "rewarded_screened", float(rewarded))
                 log.info("step %d: %s %s#%d: %s", self.step, src, r.prompt_id, r.sample_index, d.reason)
                 if d.action == "cut":
                     kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
@@ -241,8 +246,9 @@ class SiteGuard:
                 out.append(self._decided[key])
                 continue
             if row.is_own:
-                value = per_byte_loglik(total, self._own_bytes.get((row.prompt_id, int(row.sample_index)), 0))
-                if math.isfinite(value):
+                nbytes = self._own_bytes.get((row.prompt_id, int(row.sample_index)), 0)
+                value = per_byte_loglik(total, nbytes)
+                if math.isfinite(value) and nbytes >= self.cfg.likelihood.min_bytes:
                     self.own_window.append(value)
                 self._ll.setdefault(row.source_agent, []).append(value)
                 self._decided[key] = 1.0
@@ -251,13 +257,22 @@ class SiteGuard:
             src = row.source_agent
             value = per_byte_loglik(total, row.content_bytes)
             self._ll.setdefault(src, []).append(value)
-            d = likelihood_decision(value, list(self._window(src)), list(self.own_window), self.cfg.likelihood)
+            lk = self.cfg.likelihood
+            if row.content_bytes < lk.min_bytes:
+                self._decided[key] = self.weight(src)
+                out.append(self._decided[key])
+                continue
+            d = likelihood_decision(value, list(self._window(src)), list(self.own_window), lk)
+            if not d.keep and lk.rewarded_only and not row.reward > 0:
+                d = replace(d, keep=True, reason="")
             if d.keep:
-                self._window(src).append(value)
+                if math.isfinite(value):
+                    self._window(src).append(value)
                 weight = self.weight(src)
             else:
                 weight = 0.0
                 self._count(src, "screened_likelihood")
+                self._count(src, "rewarded_screened", float(row.reward > 0))
                 log.info("step %d: %s %s#%d: %s", self.step, src, row.prompt_id, row.sample_index, d.reason)
             if d.z_source is not None:
                 self._z.setdefault(src, []).append(d.z_source)
@@ -277,7 +292,8 @@ class SiteGuard:
             screened = (c["screened_likelihood"] + c["screened_tail_cut"] + c["screened_tail_reject"]
                         + c["screened_length"])
             before = self.standing.get(src, SourceStanding())
-            flagged, reason = step_flagged(int(c["rows"]), int(screened), int(c["claim_disagreements"]), q)
+            flagged, reason = step_flagged(int(c["rewarded_rows"]), int(c["rewarded_screened"]),
+                                           int(c["claim_disagreements"]), q)
             after = quarantine_step(before, flagged, reason, self.step, q) if self.cfg.enabled else before
             self.standing[src] = after
             if after.status != before.status:
@@ -285,7 +301,7 @@ class SiteGuard:
             total = self.totals.setdefault(src, Counter())
             total.update(c)
             total["flagged_steps"] += flagged
-            for name in ("rows", "reverified", "claim_disagreements", "coordinator_disagreements",
+            for name in ("rows", "rewarded_rows", "rewarded_screened", "reverified", "claim_disagreements", "coordinator_disagreements",
                          "site_verifier_errors", "screened_likelihood", "screened_tail_cut", "screened_tail_reject",
                          "screened_length", "quarantined_rows"):
                 metrics[f"src/{src}/{name}" if name != "rows" else f"src/{src}/screen_rows"] = float(c[name])

@@ -244,7 +244,7 @@ class Trainer:
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, own.references, rewards)
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.references.items()})
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.references.items()}, rewards)
 
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:

@@ -24,11 +24,11 @@ from hacrl_fed.algo.screens import (
 
 
 def _cross_family_windows(seed: int = 0) -> tuple[list[float], list[float]]:
-    """Per-byte log-likelihoods like the real pair's: the learner's own rows near −0.25 nats/byte, a peer of
-    another family near −0.55 with a wider spread (README "Cross-family collaboration")."""
+    """Per-byte log-likelihoods like the real pair's at the start (SmolLM2 learner, Gemma-3 peer): the learner's
+    own rows median −0.47 (MAD 0.11), the other family's rows −0.85 with a far wider spread (MAD 0.49)."""
     rng = random.Random(seed)
-    own = [rng.gauss(-0.25, 0.05) for _ in range(64)]
-    peer = [rng.gauss(-0.55, 0.12) for _ in range(64)]
+    own = [rng.gauss(-0.47, 0.16) for _ in range(64)]
+    peer = [rng.gauss(-0.85, 0.6) for _ in range(64)]
     return own, peer
 
 
@@ -46,31 +46,32 @@ def test_honest_cross_family_rows_pass():
     cfg = LikelihoodScreenConfig()
     own, peer = _cross_family_windows()
     rng = random.Random(1)
-    fresh = [rng.gauss(-0.55, 0.12) for _ in range(400)]
+    fresh = [rng.gauss(-0.85, 0.6) for _ in range(400)]
     kept = [likelihood_decision(v, peer, own, cfg).keep for v in fresh]
     assert sum(kept) / len(kept) > 0.99
-    # the same rows judged by a robust z against the learner's own rows alone would mostly be cut
-    assert sum(robust_z(v, own, cfg.min_scale) < -cfg.z_threshold for v in fresh) / len(fresh) > 0.5
+    # the same rows judged by a robust z against the learner's own rows alone: a quarter of them cut
+    assert sum(robust_z(v, own, cfg.min_scale) < -cfg.z_threshold for v in fresh) / len(fresh) > 0.2
 
 
 def test_outlier_against_its_source_is_screened():
     cfg = LikelihoodScreenConfig()
     own, peer = _cross_family_windows()
-    d = likelihood_decision(-1.4, peer, own, cfg)            # a payload-laden row, z ≈ −(1.4 − 0.55)/0.12
+    d = likelihood_decision(-3.9, peer, own, cfg.model_copy(update={"own_margin": None}))   # z ≈ −(3.9 − 0.85)/0.8
     assert not d.keep and d.z_source is not None and d.z_source < -3.5 and "robust z" in d.reason
+    assert likelihood_decision(-1.4, peer, own, cfg).keep    # a payload worth 0.5 nats/byte is not an outlier here
     # a row *more* likely than usual is kept (the screen is one-sided), so is an outlier above the learner's own
     assert likelihood_decision(-0.1, peer, own, cfg).keep
 
 
 def test_warmup_uses_only_the_learner_margin():
-    cfg = LikelihoodScreenConfig(warmup_rows=16, own_margin=1.5)
+    cfg = LikelihoodScreenConfig(warmup_rows=16)
     own, peer = _cross_family_windows()
     short = peer[:5]
-    d = likelihood_decision(-1.4, short, own, cfg)            # outlier, but the source is still warming up
+    d = likelihood_decision(-2.6, short, own, cfg)            # low, but the source is still warming up
     assert d.keep and d.z_source is None
-    far = likelihood_decision(-2.0, short, own, cfg)          # 1.75 nats/byte below the learner's own median
-    assert not far.keep and "learner's own median" in far.reason and far.gap_own > 1.5
-    assert likelihood_decision(-2.0, short, own, cfg.model_copy(update={"own_margin": None})).keep
+    far = likelihood_decision(-3.2, short, own, cfg)          # ≈ 2.7 nats/byte below the learner's own median
+    assert not far.keep and "learner's own median" in far.reason and far.gap_own > 2.5
+    assert likelihood_decision(-3.2, short, own, cfg.model_copy(update={"own_margin": None})).keep
 
 
 def test_likelihood_off_and_non_finite():
@@ -94,9 +95,11 @@ def test_tail_decisions():
 
 
 def test_step_flagged():
-    q = QuarantineConfig(flag_frac=0.25, reward_disagreements=1)
-    assert step_flagged(8, 2, 0, q) == (False, "")
-    assert step_flagged(8, 3, 0, q)[0]
+    q = QuarantineConfig()                          # > half of the rewarded rows screened, at least 2
+    assert step_flagged(8, 4, 0, q) == (False, "")
+    flagged, reason = step_flagged(8, 5, 0, q)
+    assert flagged and "5 of its 8 rewarded rows" in reason
+    assert step_flagged(1, 1, 0, q) == (False, "")  # one rewarded row screened is not a pattern
     flagged, reason = step_flagged(8, 0, 1, q)
     assert flagged and "reward claim" in reason
     assert step_flagged(0, 0, 0, q) == (False, "")

@@ -134,8 +134,9 @@ class Row(SimpleNamespace):
     pass
 
 
-def _row(src, pid, idx, nbytes):
-    return Row(source_agent=src, prompt_id=pid, sample_index=idx, is_own=src == "me", content_bytes=nbytes)
+def _row(src, pid, idx, nbytes, reward=1.0):
+    return Row(source_agent=src, prompt_id=pid, sample_index=idx, is_own=src == "me", content_bytes=nbytes,
+               reward=reward)
 
 
 def test_gate_screens_a_likelihood_outlier_against_its_source_only():
@@ -151,6 +152,8 @@ def test_gate_screens_a_likelihood_outlier_against_its_source_only():
     odd = [_row("gemma", "q0", 7, 100), _row("gemma", "q1", 7, 100)]
     assert g.gate(odd, [-140.0, -50.0]) == [0.0, 1.0]
     assert g.gate(odd, [0.0, 0.0]) == [0.0, 1.0]                                  # second epoch: same decision
+    # an unrewarded outlier (a payload cannot be learned from it) and a row of a few bytes are kept
+    assert g.gate([_row("gemma", "q2", 7, 100, reward=0.0), _row("gemma", "q3", 7, 5)], [-140.0, -20.0]) == [1.0, 1.0]
     metrics, _ = g.finish_step(["gemma"])
     assert metrics["src/gemma/screened_likelihood"] == 1
     assert metrics["src/me/ll_per_byte"] == pytest.approx(-0.26, abs=0.01)
