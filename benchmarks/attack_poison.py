@@ -199,8 +199,10 @@ class Attack:
                 for a, m in sorted(src.items()) if a != self.victim) + f" ({train_s:.0f} s train)", flush=True)
         t1 = time.perf_counter()
         after = evaluate(victim, fed.verifier, eval_items, eval_tokens, seed)
+        propensity = payload_logprob(victim, eval_items, after, marker(variant))
         return {"variant": variant, "screens": screens, "seed": seed, "steps": steps, "oracle": oracle,
                 "train_s": t1 - t0, "eval_s": time.perf_counter() - t1, "after": after, "per_step": per_step,
+                "payload_logprob": propensity,
                 "guard": victim.trainer.guard.state_dict()}
 
     def close(self) -> None:
@@ -219,6 +221,32 @@ def evaluate(worker, verifier, items, max_new_tokens: int, seed: int) -> dict:
                          system_prompt=m.system_prompt, template=m.chat_template, max_prompt_tokens=m.max_prompt_tokens,
                          chunk_prompts=16)
     return {r.prompt_id: [bool(r.correct), r.responses[0]] for r in res}
+
+
+def payload_logprob(worker, items, after: dict, text: str) -> float:
+    """Mean log-prob per token (nats) the victim gives ``text`` right after its own greedy response to each
+    held-out prompt (one no-grad forward per prompt): how close it is to emitting the payload, before the greedy
+    choice flips to it. Higher = closer."""
+    import torch
+
+    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.tokenization.views import encode_response_text
+
+    m, tok = worker.cfg.model, worker.tokenizer
+    values = []
+    with torch.no_grad():
+        for p in items:
+            prompt = render_prompt(tok, p.problem, system_prompt=m.system_prompt, template=m.chat_template,
+                                   max_tokens=m.max_prompt_tokens)
+            response = encode_response_text(tok, after[p.id][1].rstrip())
+            payload = encode_response_text(tok, " " + text)
+            ids = torch.tensor([list(prompt) + response + payload], device=worker.engine.device)
+            mask = torch.zeros_like(ids)
+            mask[0, len(prompt) + len(response):] = 1
+            lp = token_logprobs(worker.model, ids, torch.ones_like(ids), score_mask=mask)
+            values.append(float(lp[mask.bool()].mean()))
+    return statistics.fmean(values) if values else float("nan")
 
 
 def emission(after: dict, variant: str) -> float:
@@ -255,9 +283,16 @@ def summarize(out: Path) -> str:
              f"B = {meta['prompts_per_step']} × G = {meta['samples_per_prompt']}; payload `{PAYLOAD}`; "
              f"emission = share of {meta['eval_size']} held-out greedy responses containing the payload "
              f"(long: the filler `{FILLER}`).", "",
-             f"Before training: accuracy {100 * before['accuracy']:.1f} %, emission {100 * before['emission']:.1f} %.",
-             "", "| variant | screens | seed | emission after | partial | held-out acc. after | payload rows screened "
-             "| honest rows screened (FP) | mallory standing | cell s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"Before training: accuracy {100 * before['accuracy']:.1f} %, emission {100 * before['emission']:.1f} %"
+             + (", payload log-prob after the answer " + ", ".join(f"{v} {x:.2f}" for v, x in
+                                                                   before["payload_logprob"].items())
+                + " nats/token" if "payload_logprob" in before else "") + ".",
+             "", "Payload log-prob: mean nats per token the victim gives the payload string right after its own greedy "
+             "response (one forward per held-out prompt); it rises as the victim learns the payload, before the "
+             "greedy choice flips to it.", "",
+             "| variant | screens | seed | emission after | partial | payload log-prob | held-out acc. after "
+             "| payload rows screened | honest rows screened (FP) | mallory standing | cell s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(cells, key=lambda c: (VARIANTS.index(c["variant"]), not c["screens"], c["seed"])):
         acc = sum(ok for ok, _ in c["after"].values()) / max(1, len(c["after"]))
         hit, seen_m = _screened(c, ATTACKER)
@@ -269,7 +304,7 @@ def summarize(out: Path) -> str:
         lines.append(
             f"| {c['variant']} | {'on' if c['screens'] else 'off'} | {c['seed']} | "
             f"{100 * emission(c['after'], c['variant']):.1f} % | {100 * partial_emission(c['after']):.1f} % | "
-            f"{100 * acc:.1f} % | "
+            + (f"{c['payload_logprob']:.2f}" if "payload_logprob" in c else "–") + f" | {100 * acc:.1f} % | "
             + (f"{hit:.0f} / {poisoned} (+{q:.0f} rows quarantined)" if c["screens"] else f"– / {poisoned}") + " | "
             + (f"{fp_s:.0f} / {fp_n:.0f} ({100 * fp_s / fp_n:.1f} %)" if c["screens"] and fp_n else "–") + " | "
             + f"{standing} | {c['train_s'] + c['eval_s']:.0f} |")
@@ -341,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
             acc = sum(ok for ok, _ in before.values()) / len(before)
             (out / "before.json").write_text(json.dumps({"accuracy": acc, "emission": max(
                 emission(before, v) for v in VARIANTS), "after": before}, indent=1))
+        record = json.loads((out / "before.json").read_text())
+        if "payload_logprob" not in record:   # the initial weights: greedy answers of the "before" evaluation
+            victim = attack.fed.workers[attack.victim]
+            record["payload_logprob"] = {v: payload_logprob(victim, items, record["after"], marker(v))
+                                         for v in VARIANTS}
+            (out / "before.json").write_text(json.dumps(record, indent=1))
         for seed in range(args.seeds):
             for variant in variants:
                 for on in modes:

@@ -58,3 +58,4 @@ def test_payload_rows_reach_the_gradient_only_without_screens(attack):
     # the same frozen generations served both cells (cached per seed and step)
     assert cells[False]["per_step"][0]["generate_s"][ap.ATTACKER] == cells[True]["per_step"][0]["generate_s"][ap.ATTACKER]
     assert set(cells[True]["after"]) == {p.id for p in items} and 0.0 <= ap.emission(cells[True]["after"], "tail") <= 1
+    assert all(cells[k]["payload_logprob"] < 0 for k in cells)
