@@ -139,11 +139,12 @@ class Trainer:
         rewards = self._rewards(batches, capability_table, rejected)
         foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
-        guard = self.guard if self.guard is not None and self.guard.active and foreign else None
-        if guard is not None:
-            foreign = self._screen(guard, own, foreign, rewards)
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
+        guard = self.guard if self.guard is not None and self.guard.active and foreign else None
+        screened_sources = sorted(foreign)
+        if guard is not None:
+            foreign = self._screen(guard, own, foreign, rewards)
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
@@ -151,7 +152,7 @@ class Trainer:
         metrics = self._update(rows, advantages, ratios, own.temperature, own.step,
                                row_gate=guard.gate if guard is not None else None)
         if guard is not None:
-            screen_metrics, refused = guard.finish_step([a for a in batches if a != self.agent])
+            screen_metrics, refused = guard.finish_step(screened_sources)
             metrics |= screen_metrics
             rejected += refused
         t_update = time.perf_counter()
