@@ -3,7 +3,7 @@
 Both sides run :class:`hacrl_fed.worker.engine.HFRolloutEngine` on the same prompts with the same
 sampling settings; the batched side generates all sequences in one left-padded ``generate`` call
 (KV cache), the per-sample side calls ``generate`` once per sequence. Each side includes the
-teacher-forced behaviour log-prob pass the worker needs. Prints one JSON line.
+behaviour log-probs the worker needs (the engine's default pass). Prints one JSON line.
 
     python benchmarks/bench_generation.py --model smollm2-135m-instruct --prompts 16 --max-new-tokens 48
 """

@@ -12,13 +12,34 @@ import typer
 
 app = typer.Typer(
     name="hacrl-fed",
-    help="Collaborative RL between organizations that never share their models (HACPO on Flower).",
+    help="Collaborative RL between organizations that never share their models (HACPO on Flower).\n\n"
+         "A first run: `hacrl-fed simulate` (two real models on this machine, then a report) and `hacrl-fed eval` "
+         "on a model. A deployment: `hacrl-fed server` at the coordinator, `hacrl-fed client` at every site.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 keys_app = typer.Typer(help="Identities (Ed25519 signing keys, roster entries) and TLS certificates.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"hacrl-fed {version('hacrl-fed')}")
+        except PackageNotFoundError:
+            fail("hacrl-fed is not installed as a package (pip install -e .), so it has no version")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Options of every command (the help text is the app's)."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -83,7 +104,6 @@ def keys_certs(
         typer.echo(f"wrote {path}")
 
 
-@app.command("worker")
 def worker_cmd(
     config: Path = typer.Option(..., "--config", help="client.toml of the site."),
     name: str | None = typer.Option(None, "--name", help="Override agent.name."),
@@ -92,6 +112,8 @@ def worker_cmd(
     address: str | None = typer.Option(None, "--address", help="Bind address: 127.0.0.1:PORT (0 = free) or unix:/path."),
     address_file: Path | None = typer.Option(None, "--address-file", help="Write the bound address here when healthy."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
+    status_file: Path | None = typer.Option(None, "--status-file", help="Keep the worker's current phase here "
+                                            "(JSON: loading, generating with tokens/s, training k/M …)."),
 ) -> None:
     """Advanced: run only the site's agent worker (the process that owns the model).
 
@@ -121,7 +143,7 @@ def worker_cmd(
     _worker_logging()
     try:
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
-                   resume=not no_resume)
+                   resume=not no_resume, status_file=str(status_file) if status_file else None)
     except (ModelNotFoundError, KeyFileError, RosterError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
@@ -135,7 +157,6 @@ def _worker_logging() -> None:
     log_to_stdout()
 
 
-@app.command("eval")
 def eval_cmd(
     model: str = typer.Option(..., "--model", help="Hub id, local directory, .gguf file or alias (smollm2-135m-instruct)."),
     data: Path = typer.Option(..., "--data", help="JSONL/parquet with fields id, problem, answer."),
@@ -145,14 +166,19 @@ def eval_cmd(
     limit: int | None = typer.Option(None, "--limit", min=1, help="Evaluate only the first N problems."),
     temperature: float | None = typer.Option(None, "--temperature", min=0.0,
                                              help="Default: 0 (greedy) for --samples 1, else 1.0."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("cpu", "--device"),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
+                                help="Nucleus sampling: sample from the smallest set of tokens with this total "
+                                     "probability (1 = off)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed draws the same responses."),
+    device: str = typer.Option("cpu", "--device", help="Where the model runs: cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
     template: str = typer.Option("auto", "--template", help="auto (chat template if any) | plain"),
-    system_prompt: str | None = typer.Option(None, "--system-prompt"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="Instruction before every problem "
+                                             "(default: the training default, asking for a \\boxed{} answer)."),
     answer_style: str | None = typer.Option(None, "--answer-style", help="boxed | gsm8k (default: from the data)"),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
+                                 "instead of the readable table."),
 ) -> None:
     """Evaluate a model on math problems with the training verifier: avg@k and pass@k."""
     import json
@@ -181,7 +207,13 @@ def eval_cmd(
         fail(_one_line(err))
     except (ModelLoadError, ValueError, OSError) as err:
         fail(_one_line(err), code=1)
-    typer.echo(json.dumps(summary, sort_keys=True))
+    if as_json:
+        typer.echo(json.dumps(summary, sort_keys=True))
+        return
+    from hacrl_fed.worker.evaluate import format_summary
+
+    typer.echo(format_summary(summary, model=model, data=str(data), temperature=sampling.temperature,
+                              max_new_tokens=max_new_tokens, out=str(out) if out else None))
 
 
 def _cli_logging() -> None:
@@ -192,7 +224,6 @@ def _cli_logging() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
 
 
-@app.command("server")
 def server_cmd(
     config: Path = typer.Option(..., "--config", help="server.toml (paths inside are relative to the current directory)."),
 ) -> None:
@@ -211,7 +242,6 @@ def server_cmd(
     raise typer.Exit(code)
 
 
-@app.command("client")
 def client_cmd(
     config: Path | None = typer.Option(None, "--config", help="client.toml of the site (flags below override it)."),
     model: str | None = typer.Option(None, "--model", help="Model: hub id, directory, .gguf or alias (agent.model.name_or_path)."),
@@ -220,7 +250,10 @@ def client_cmd(
     root_certificates: Path | None = typer.Option(None, "--root-certificates", help="Coordinator CA certificate."),
     node_key: Path | None = typer.Option(None, "--node-key", help="SuperNode EC private key registered at the coordinator."),
     insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP to the SuperLink (loopback testing only)."),
-    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="SuperNode ClientApp API port (default: free)."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535,
+                                    help="Local port (127.0.0.1) on which this site's relay to the coordinator "
+                                         "hands orders to its worker; default: a free one. Set it only when that "
+                                         "port must be known in advance."),
     device: str | None = typer.Option(None, "--device", help="Override agent.model.device (cpu, cuda:1 ...)."),
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Override output_dir."),
     worker_address: str | None = typer.Option(None, "--worker-address",
@@ -270,7 +303,6 @@ def client_cmd(
     raise typer.Exit(code)
 
 
-@app.command("simulate")
 def simulate_cmd(
     config: Path | None = typer.Option(None, "--config", help="simulate.toml (default: the built-in demo, "
                                        "examples/default.toml). Paths inside are relative to the current directory."),
@@ -307,6 +339,13 @@ def simulate_cmd(
     except (RuntimeError, OSError) as err:
         fail(_one_line(err), code=1)
     raise typer.Exit(result.exit_code)
+
+
+# `hacrl-fed --help` lists them in this order: a first run (simulate, eval), the deployment (server, client),
+# then the advanced worker; `keys` follows as a group
+for _name, _command in (("simulate", simulate_cmd), ("eval", eval_cmd), ("server", server_cmd),
+                        ("client", client_cmd), ("worker", worker_cmd)):
+    app.command(_name)(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

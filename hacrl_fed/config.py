@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
@@ -33,6 +33,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "RewardFuncConfig",
     "RunConfig",
     "SamplingConfig",
     "ScreenConfig",
@@ -121,6 +122,16 @@ class ModelConfig(Strict):
     """``cpu``, ``cuda``, ``cuda:1`` …"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for training and generation."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision: ``bfloat16`` runs every forward (generation, scoring, the update) under
+    ``torch.autocast`` on the model's device (CPU or CUDA), with float32 weights, gradients and AdamW
+    state (so needs ``dtype = "float32"``). Log-probs then carry bf16 rounding (README, "Mixed precision")."""
+    behaviour_logprobs: Literal["auto", "generation", "teacher_forced"] = "auto"
+    """Where the behaviour log-probs of the sampled tokens come from: ``generation`` reads them from the
+    sampling pass (no second forward); ``teacher_forced`` re-scores every response in one more forward, the
+    trainer's layout; ``auto`` picks ``generation`` for float32 and ``teacher_forced`` under bf16 / fp16
+    (weights or autocast), where only the trainer's layout reproduces the trainer's own first forward to
+    float32 rounding (``hacrl_fed.worker.engine``; README, "Mixed precision")."""
     chat_template: Literal["auto", "plain"] = "auto"
     """``auto``: the tokenizer's chat template when it has one, else the plain template."""
     system_prompt: str = "Solve the problem. Put the final answer in \\boxed{}."
@@ -148,6 +159,24 @@ class ModelConfig(Strict):
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
 
+    @model_validator(mode="after")
+    def _autocast_needs_float32(self) -> ModelConfig:
+        if self.autocast != "none" and self.dtype != "float32":
+            raise ValueError(f"model.autocast = {self.autocast!r} needs model.dtype = 'float32' (the weights autocast "
+                             f"computes from); with dtype = {self.dtype!r} set autocast = 'none'")
+        return self
+
+
+class RewardFuncConfig(Strict):
+    """One weighted term of the learner's training reward (TRL ``reward_funcs`` + ``reward_weights``)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """``accuracy`` (the coordinator-verified verdict), ``format`` (a stated ``\\boxed{}`` answer), or an
+    import path ``package.module:function`` to a TRL-style ``reward(prompts, completions, **kwargs)``
+    (:mod:`hacrl_fed.reward.functions`)."""
+    weight: Annotated[float, Field(allow_inf_nan=False)] = 1.0
+    """Its weight w_f in R = Σ_f w_f · r_f."""
+
 
 class AgentConfig(Strict):
     """One site's agent: identity, model, algorithm, optimizer."""
@@ -158,6 +187,12 @@ class AgentConfig(Strict):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    reward_funcs: list[RewardFuncConfig] = Field(default_factory=list)
+    """The training reward as a weighted sum (TRL ``reward_funcs``/``reward_weights``), e.g.
+    ``[{name = "accuracy"}, {name = "format", weight = 0.1}]``. Empty (default): the verified accuracy alone.
+    The learner computes every term but ``accuracy`` itself, for its own and its peers' rows alike; only the
+    accuracy crosses the wire and feeds the capability P̂. With weights summing above 1, raise
+    ``algo.baseline_guard`` to the largest total reward (the guard is meant for rewards in [0, 1])."""
     screens: ScreenConfig = Field(default_factory=ScreenConfig)
     """What this site checks in its peers' rows before training on them: its own re-verification, the likelihood
     and answer-tail screens, per-source quarantine (:mod:`hacrl_fed.algo.screens`; on by default)."""
@@ -169,6 +204,14 @@ class AgentConfig(Strict):
     """Where the worker keeps checkpoints; defaults to ``<output_dir>/<name>/checkpoints``."""
     worker_address: str = "127.0.0.1:0"
     """Worker gRPC bind address: loopback ``host:port`` (0 = pick a free port) or ``unix:/path``."""
+
+    @model_validator(mode="after")
+    def _unique_rewards(self) -> AgentConfig:
+        names = [f.name for f in self.reward_funcs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"reward_funcs: each function once; repeated: {', '.join(dupes)}")
+        return self
 
 
 class RunConfig(Strict):
@@ -200,6 +243,18 @@ class RunConfig(Strict):
     """Evaluate on the held-out split every N steps (0 = only before and after)."""
     seed: int = 0
     output_dir: str = "runs"
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
+    """Where the coordinator's metrics go besides ``metrics.jsonl`` (always written; TRL ``report_to``):
+    ``"tensorboard"`` also writes every numeric field of every metrics line as a TensorBoard scalar to
+    ``<run dir>/tensorboard/`` (``tensorboard --logdir runs``; needs ``pip install "hacrl-fed[tensorboard]"``).
+    One name may be given as a string; ``"none"`` is the empty list."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [] if value == "none" else [value]
+        return value
 
 
 class SuperLinkConfig(Strict):
@@ -258,6 +313,14 @@ class ClientConfig(Strict):
     """The coordinator's ``run.run_id`` this site joins, if known: a site whose checkpoints belong to another
     run then refuses to start (unset: the first order of another run is refused, never trained on)."""
 
+    @model_validator(mode="after")
+    def _schedule_horizon(self) -> ClientConfig:
+        optim = self.agent.optim
+        if optim.needs_schedule_steps and optim.schedule_steps is None:
+            raise ValueError(f"agent.optim.schedule_steps is required with lr_scheduler_type = "
+                             f"{optim.lr_scheduler_type!r} or warmup_ratio: set it to the coordinator's run.steps")
+        return self
+
 
 class SimulateConfig(Strict):
     """``hacrl-fed simulate --config simulate.toml``: every agent on one machine, loopback."""
@@ -275,6 +338,14 @@ class SimulateConfig(Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"agents[].name must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_horizon(self) -> SimulateConfig:
+        """A schedule without ``optim.schedule_steps`` spans the run: ``run.steps``."""
+        for agent in self.agents:
+            if agent.optim.needs_schedule_steps and agent.optim.schedule_steps is None:
+                agent.optim.schedule_steps = self.run.steps
         return self
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))  # fedutil.py, hostile.py, inprocess.py, fake_worker.py
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))  # fedutil.py, hostile.py, inprocess.py, fake_worker.py, procs.py
 
 from fedutil import Federation, make_federation, make_plan  # noqa: E402
 

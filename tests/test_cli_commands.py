@@ -72,3 +72,24 @@ def test_the_lazy_import_list_covers_every_command_module():
     assert {"hacrl_fed.launch.server_cmd", "hacrl_fed.launch.client_cmd", "hacrl_fed.launch.simulate",
             "hacrl_fed.worker.service", "hacrl_fed.worker.evaluate", "hacrl_fed.protocol.keys",
             "hacrl_fed.protocol.certs"} <= modules
+
+
+def test_every_option_has_a_description():
+    missing = []
+    for command in COMMANDS:
+        cmd = typer.main.get_command(cli.app)
+        for part in command:
+            cmd = cmd.commands[part]
+        missing += [f"{' '.join(command)} {p.opts[0]}" for p in cmd.params
+                    if isinstance(p, click.Option) and not (p.help or "").strip()]
+    assert missing == []
+
+
+def test_version_and_the_order_of_the_commands():
+    from hacrl_fed import __version__
+
+    result = runner.invoke(cli.app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"hacrl-fed {__version__}"
+    listed = list(typer.main.get_command(cli.app).list_commands(None))
+    assert listed.index("simulate") < listed.index("eval") < listed.index("worker")
+    assert listed[:2] == ["simulate", "eval"]

@@ -215,3 +215,15 @@ def test_parse_config_names_its_source():
                      SimulateConfig, source="cli")
     cfg = parse_config({"agents": [{"name": "a", "model": {"name_or_path": "x"}}]}, SimulateConfig)
     assert cfg.agents[0].model.name_or_path == "x" and cfg.run.steps == 10
+
+
+def test_mixed_precision_and_behaviour_logprob_options():
+    from hacrl_fed.config import ModelConfig
+
+    cfg = ModelConfig(name_or_path="m")
+    assert (cfg.autocast, cfg.behaviour_logprobs) == ("none", "auto")
+    assert ModelConfig(name_or_path="m", autocast="bfloat16", behaviour_logprobs="generation").autocast == "bfloat16"
+    with pytest.raises(ValueError, match="model.autocast = 'bfloat16' needs model.dtype = 'float32'"):
+        ModelConfig(name_or_path="m", dtype="bfloat16", autocast="bfloat16")
+    with pytest.raises(ValueError, match="behaviour_logprobs"):
+        ModelConfig(name_or_path="m", behaviour_logprobs="vllm")

@@ -24,19 +24,24 @@ RecipeName = Literal[
 _GSPO_ALONE: dict[str, Any] = {
     "share_rollouts": False, "ratio_level": "sequence", "self_clip_low": 3e-4, "self_clip_high": 4e-4,
 }
+_NO_KL: dict[str, Any] = {"kl_coef": 0.0}
+"""GSPO (arXiv 2507.18071) and DAPO-style GRPO have no KL term, nor does TRL's GRPOTrainer by default
+(``beta = 0``): with ``kl_coef = 0`` no frozen reference copy is built and no reference forward runs."""
 
 PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     # HACPO, the paper's recipe (App. A, Table 5 "commonly used" column): all four mechanisms.
     "hacpo": MappingProxyType({}),
-    # GRPO, isolated: token-level ratio, DAPO clip-higher 0.2 / 0.28, plain group baseline.
+    # GRPO, isolated: token-level ratio, DAPO clip-higher 0.2 / 0.28, plain group baseline, no KL (DAPO,
+    # TRL's default beta = 0; DeepSeekMath's original GRPO had beta = 0.04: set kl_coef to ask for it).
     "grpo": MappingProxyType({"share_rollouts": False, "ratio_level": "token", "self_clip_low": 0.2,
-                              "self_clip_high": 0.28, "capability_advantage": False}),
-    # GSPO, isolated: sequence-level ratio, 3e-4 / 4e-4 (the HACPO self term alone).
-    "gspo": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False}),
-    # Isolated training: each agent alone with HACPO's own-rollout objective (= GSPO settings).
+                              "self_clip_high": 0.28, "capability_advantage": False, **_NO_KL}),
+    # GSPO, isolated: sequence-level ratio, 3e-4 / 4e-4, no KL (the GSPO paper's objective).
+    "gspo": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False, **_NO_KL}),
+    # Isolated training: each agent alone with HACPO's own-rollout objective (GSPO settings, and HACPO's
+    # own-row KL: the ablation of sharing alone, everything else as in `hacpo`).
     "isolated": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False}),
-    # GSPO×2, the resource-equivalent baseline: twice the own rollouts per prompt, no sharing.
-    "gspo_x2": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False, "rollout_multiplier": 2}),
+    # GSPO×2, the resource-equivalent baseline: twice the own rollouts per prompt, no sharing, no KL (GSPO).
+    "gspo_x2": MappingProxyType({**_GSPO_ALONE, "capability_advantage": False, "rollout_multiplier": 2, **_NO_KL}),
     # Naive sharing: foreign rows used as if they were own (plain joint group mean, no ω,
     # the self objective with the source's behaviour log-prob as the old log-prob).
     "naive": MappingProxyType({"share_rollouts": True, "capability_advantage": False,
@@ -110,11 +115,32 @@ class AlgoConfig(BaseModel):
     """If the weighted baseline μ̂ exceeds this, μ̂ := mean of the learner's own rewards in the
     group (both reference codes; meant for rewards in [0, 1]). None disables the guard."""
     kl_coef: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.001
-    """β of the low-variance (k3) KL to the learner's reference, own rows only."""
+    """β of the low-variance (k3) KL to the learner's reference, own rows only. 0.001 is the HACPO
+    reference code's setting (hacpo-spec §6; the paper does not mention a KL term); the ``gspo``,
+    ``grpo`` and ``gspo_x2`` presets set 0. Any value > 0 makes the worker keep a frozen reference copy
+    of the model (its weights' memory again) and run one extra no-grad forward per micro-batch."""
     max_abs_log_ratio: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
     """Clamp of |log s| before exponentiation (overflow guard)."""
     rollout_multiplier: Annotated[int, Field(ge=1)] = 1
     """Own rollouts per prompt = multiplier × G (GSPO×2 = 2, isolated)."""
+    loss_aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
+    """How row losses −J_i become the mini-batch loss (:func:`hacrl_fed.algo.losses.aggregate`; L_i = the
+    row's response tokens, n = rows of the mini-batch). ``sequence_mean`` (the paper, spec §6; TRL
+    ``loss_type="grpo"``): Σ_i −J_i / n. ``token_mean`` (DAPO, arXiv 2503.14476; TRL ``"dapo"``, and
+    ``"bnpo"`` which normalizes per micro-batch): Σ_i L_i·(−J_i) / Σ_i L_i — every token weighs the same.
+    ``constant`` (Dr. GRPO, arXiv 2503.20783; TRL ``"dr_grpo"``): Σ_i L_i·(−J_i) / (n · L_max), L_max = the
+    learner's ``model.max_response_tokens``: no length normalization at all."""
+    reward_scaling: Literal["group", "batch", "none"] = "group"
+    """Denominator of the advantage (:func:`hacrl_fed.algo.advantages.group_advantages`; TRL
+    ``scale_rewards``). ``group`` (the paper, Eq. 6; TRL ``"group"``/``True``): A = (R − μ̂)/(σ_group + ε).
+    ``batch`` (TRL ``"batch"``; Hu et al., REINFORCE++): σ = unbiased std of every reward of the learner's
+    step. ``none`` (Dr. GRPO; TRL ``"none"``/``False``): A = R − μ̂. The baseline μ̂ (capability-weighted
+    for HACPO) and the uniform-group and size-1 rules are the same in every mode."""
+    mask_truncated_completions: bool = False
+    """Rows that do not end with EOS (cut at ``max_new_tokens``, or at the learner's ``max_response_tokens``)
+    give no loss and no gradient (TRL ``mask_truncated_completions``; DAPO's overlong filtering). Their
+    rewards still enter the advantages of their group; they still count in the ``sequence_mean`` and
+    ``constant`` denominators, not in ``token_mean``'s or the KL's token counts."""
 
     @model_validator(mode="before")
     @classmethod

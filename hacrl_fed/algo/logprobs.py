@@ -76,8 +76,9 @@ def _transform(logits: Tensor, cap: float | None, scale: float, inv_temperature:
 
 
 def _chunk_logprobs(hidden: Tensor, targets: Tensor, head: nn.Module, cap: float | None, scale: float,
-                    inv_temperature: float) -> Tensor:
-    """log-softmax(head(hidden))[targets] for one chunk through autograd. hidden [N, H], targets [N] -> float32 [N]."""
+                    inv_temperature: float, with_entropy: bool = False) -> tuple[Tensor, Tensor]:
+    """log-softmax(head(hidden))[targets] for one chunk through autograd, and (``with_entropy``, detached) the
+    entropy −Σ_v p_v log p_v of each position. hidden [N, H], targets [N] -> float32 [N], [N] (or [0])."""
     logits = head(hidden).float()
     if scale != 1.0:
         logits = logits * scale
@@ -86,7 +87,13 @@ def _chunk_logprobs(hidden: Tensor, targets: Tensor, head: nn.Module, cap: float
     if inv_temperature != 1.0:
         logits = logits * inv_temperature
     selected = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return selected - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    entropy = logits.new_empty(0)
+    if with_entropy:
+        with torch.no_grad():
+            # H = logsumexp(z) − Σ_v softmax(z)_v · z_v
+            entropy = lse.detach() - (torch.softmax(logits.detach(), dim=-1) * logits.detach()).sum(-1)
+    return selected - lse, entropy
 
 
 class _LinearSelectedLogProb(torch.autograd.Function):
@@ -94,26 +101,46 @@ class _LinearSelectedLogProb(torch.autograd.Function):
 
     Forward keeps only the per-position logsumexp [N]; backward recomputes each chunk's logits and forms
     d log p(y)/d logits = onehot(y) - softmax in place, so one [chunk, V] float32 buffer (two with
-    softcapping) plus the [V, H] weight gradient is the whole extra memory.
+    softcapping) plus the [V, H] weight gradient is the whole extra memory. The second output is the
+    per-position entropy (``with_entropy``; [0] otherwise), formed in the same buffer, never differentiated.
+    Under ``torch.autocast`` the backward recomputes the logits under the same autocast state as the forward
+    (as ``torch.amp.custom_bwd`` does), so its softmax matches the forward's logsumexp.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk, cap, scale, inv_temperature):
+    def forward(ctx, hidden, weight, bias, targets, chunk, cap, scale, inv_temperature, with_entropy=False):
+        device_type = hidden.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
+        entropy = torch.empty(hidden.shape[0] if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             z = _transform(F.linear(hidden[s:s + chunk], weight, bias).float(), cap, scale, inv_temperature)
             selected = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
             top = z.amax(dim=-1, keepdim=True)  # logsumexp in place: no second [chunk, V] buffer
-            lse[s:s + chunk] = z.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
+            if with_entropy:
+                e = z.sub_(top).exp_()
+                total = e.sum(dim=-1, keepdim=True)
+                lse[s:s + chunk] = total.log().add_(top).squeeze(-1)
+                # H = −Σ_v p_v log p_v with p = e / Σ e, in place (xlogy(0, 0) = 0)
+                entropy[s:s + chunk] = e.div_(total).xlogy_(e).sum(dim=-1).neg_()
+            else:
+                lse[s:s + chunk] = z.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
             out[s:s + chunk] = selected - lse[s:s + chunk]
             del z
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.consts = (chunk, cap, scale, inv_temperature)
-        return out
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_entropy=None):
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):
+            return _LinearSelectedLogProb._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         chunk, cap, scale, inv_temperature = ctx.consts
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -144,7 +171,7 @@ class _LinearSelectedLogProb(torch.autograd.Function):
             del z, dz
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -153,7 +180,8 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
-                   chunk_tokens: int = 1024, fused: bool | None = None, score_mask: Tensor | None = None) -> Tensor:
+                   chunk_tokens: int = 1024, fused: bool | None = None, score_mask: Tensor | None = None,
+                   return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probs of the tokens in ``input_ids`` under ``model``, chunked over the LM head.
 
     Args:
@@ -169,12 +197,16 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
         score_mask: optional Bool/Long [B, T], the positions whose log-prob is wanted (e.g. the response
             mask). The LM head — most of the work with a large vocabulary — then runs only there; every
             other position is 0 in the output. ``None`` scores every position.
+        return_entropy: also return the entropy of the predictive distribution at every scored position,
+            H[b, t] = −Σ_v π(v | input_ids[b, :t]) log π(v | input_ids[b, :t]) in nats (same logits:
+            softcap, temperature), float32 [B, T], 0 where not scored, detached. Formed from the logits the
+            log-probs already compute, in the same chunk buffer: no extra LM-head pass.
 
     Returns:
         FloatTensor [B, T] (float32): ``out[b, t] = log π(input_ids[b, t] | input_ids[b, :t])`` after
         final-logit softcapping (if the config has one) and temperature; 0 at ``t = 0``, at padding and at
         the first real token of a left-padded row. Differentiable w.r.t. the model's parameters when grad
-        is enabled (each chunk is recomputed in backward).
+        is enabled (each chunk is recomputed in backward). With ``return_entropy``: ``(out, entropy)``.
 
     Raises:
         ValueError: on mismatched shapes, a non-positive temperature or chunk size.
@@ -209,16 +241,26 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
         fused = type(head) is nn.Linear
     elif fused and type(head) is not nn.Linear:
         raise TypeError(f"fused=True needs a plain torch.nn.Linear LM head, got {type(head).__name__}")
-    parts = []
+    parts, entropies = [], []
     if fused and h.shape[0]:
-        parts.append(_LinearSelectedLogProb.apply(h, head.weight, head.bias, targets, chunk_tokens, cap, scale, inv_t))
+        lp, ent = _LinearSelectedLogProb.apply(h, head.weight, head.bias, targets, chunk_tokens, cap, scale, inv_t,
+                                               return_entropy)
+        parts.append(lp)
+        entropies.append(ent)
     else:
         for s in range(0, h.shape[0], chunk_tokens):
-            args = (h[s:s + chunk_tokens], targets[s:s + chunk_tokens], head, cap, scale, inv_t)
-            parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+            args = (h[s:s + chunk_tokens], targets[s:s + chunk_tokens], head, cap, scale, inv_t, return_entropy)
+            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args)
+            parts.append(lp)
+            entropies.append(ent)
     result = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     if parts:
         result = result.masked_scatter(valid, torch.cat(parts))
     elif grad and hidden.requires_grad:
         result = result + 0.0 * hidden.sum()  # keep the graph: backward through an empty batch is a no-op
-    return result
+    if not return_entropy:
+        return result
+    entropy = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if entropies:
+        entropy = entropy.masked_scatter(valid, torch.cat(entropies).detach())
+    return result, entropy

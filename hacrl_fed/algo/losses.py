@@ -27,7 +27,11 @@ Row objective J_i (maximized; the loss is −J):
   source's behaviour log-prob as the old log-prob (no ω, no stepwise window).
 
 Mini-batch loss (spec §6): mean over all sequences of the mini-batch of −J_i, plus
-β · mean k3-KL over the **own** rows' response tokens.
+β · mean k3-KL over the **own** rows' response tokens. Named alternatives of the aggregation
+(``AlgoConfig.loss_aggregation``, :func:`aggregate`): the token mean of DAPO and Dr. GRPO's constant
+normalizer, reading each row's J_i as the per-token mean of its L_i response tokens (exact for the GRPO
+token term; the sequence terms are constant over the row's tokens, as TRL's (B, 1) sequence ratio).
+Rows outside ``LossInputs.loss_mask`` (``AlgoConfig.mask_truncated_completions``) give no loss.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hacrl_fed.algo.registry import CROSS_OBJECTIVES, SELF_OBJECTIVES
+from hacrl_fed.algo.registry import CROSS_OBJECTIVES, LOSS_AGGREGATIONS, SELF_OBJECTIVES
 
 if TYPE_CHECKING:
     from hacrl_fed.algo.config import AlgoConfig
@@ -70,6 +74,10 @@ class LossInputs:
             content. The gradient always covers every response token.
         content_bytes: float/long [B], UTF-8 bytes of each row's content text (``cross_ratio_unit =
             "byte"``); None otherwise.
+        loss_mask: bool [B], rows that enter the loss (False: no loss, no gradient, no KL; e.g. a
+            truncated completion under ``mask_truncated_completions``); None = every row.
+        num_tokens: Σ L_i over the masked-in rows of the whole mini-batch (``token_mean``); None = here.
+        max_response_tokens: L_max of the ``constant`` aggregation (the learner's response cap).
     """
 
     token_logprobs: Tensor
@@ -86,6 +94,9 @@ class LossInputs:
     num_own_tokens: int | None = None
     ratio_mask: Tensor | None = None
     content_bytes: Tensor | None = None
+    loss_mask: Tensor | None = None
+    num_tokens: int | None = None
+    max_response_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -350,11 +361,53 @@ def sequence_mean(row_loss: Tensor, num_sequences: int | None = None) -> Tensor:
     return row_loss.sum() / n
 
 
+def _row_lengths(row_loss: Tensor, inputs: LossInputs) -> Tensor:
+    """L_i, response tokens of each row, 0 for rows outside ``loss_mask``. [B]"""
+    lengths = inputs.response_mask.bool().sum(-1).to(row_loss.dtype)
+    return lengths if inputs.loss_mask is None else lengths * inputs.loss_mask.to(row_loss.dtype)
+
+
+@LOSS_AGGREGATIONS.register("sequence_mean")
+def _sequence_mean(row_loss: Tensor, inputs: LossInputs) -> Tensor:
+    """L = Σ_i loss_i / n (the paper; TRL ``loss_type="grpo"``). [B] → scalar."""
+    return sequence_mean(row_loss, inputs.num_sequences)
+
+
+@LOSS_AGGREGATIONS.register("token_mean")
+def token_mean(row_loss: Tensor, inputs: LossInputs) -> Tensor:
+    """L = Σ_i L_i · loss_i / Σ_i L_i over the mini-batch (DAPO arXiv 2503.14476 Eq. 8; TRL ``"dapo"``).
+    ``inputs.num_tokens`` = Σ_i L_i of the whole mini-batch, so micro-batch results add up. [B] → scalar."""
+    lengths = _row_lengths(row_loss, inputs)
+    n_tok = float(lengths.sum()) if inputs.num_tokens is None else float(inputs.num_tokens)
+    # L = Σ_i Σ_t loss_{i,t} / Σ_i L_i,   loss_{i,t} = loss_i for the row's tokens
+    return (lengths * row_loss).sum() / max(n_tok, 1.0)
+
+
+@LOSS_AGGREGATIONS.register("constant")
+def constant_normalizer(row_loss: Tensor, inputs: LossInputs) -> Tensor:
+    """L = Σ_i L_i · loss_i / (n · L_max) (Dr. GRPO arXiv 2503.20783 §3.1; TRL ``"dr_grpo"``). Raises
+    ``ValueError`` without ``inputs.max_response_tokens``. [B] → scalar."""
+    if inputs.max_response_tokens is None or inputs.max_response_tokens < 1:
+        raise ValueError("loss_aggregation = 'constant' needs LossInputs.max_response_tokens (L_max >= 1)")
+    n = row_loss.shape[0] if inputs.num_sequences is None else inputs.num_sequences
+    # L = Σ_i Σ_t loss_{i,t} / (n · L_max)      (a constant: no length bias either way)
+    return (_row_lengths(row_loss, inputs) * row_loss).sum() / (n * inputs.max_response_tokens)
+
+
+def aggregate(row_loss: Tensor, inputs: LossInputs, mode: str = "sequence_mean") -> Tensor:
+    """The mini-batch loss from the row losses with ``LOSS_AGGREGATIONS[mode]``. [B] → scalar.
+    Raises ``KeyError`` (listing the modes) for an unknown one."""
+    return LOSS_AGGREGATIONS.get(mode)(row_loss, inputs)
+
+
 def own_rows_kl(inputs: LossInputs, kl_coef: float) -> Tensor:
     """Mean k3-KL over the own rows' response tokens (spec §6; T15); 0 (graph kept) without own
-    tokens. Raises ``ValueError`` if kl_coef > 0, own rows exist and no reference log-probs are given."""
+    tokens. Rows outside ``loss_mask`` are left out. Raises ``ValueError`` if kl_coef > 0, own rows exist
+    and no reference log-probs are given."""
     logp = inputs.token_logprobs
     mask = inputs.response_mask.bool() & inputs.is_own.bool().unsqueeze(-1)
+    if inputs.loss_mask is not None:
+        mask = mask & inputs.loss_mask.bool().unsqueeze(-1)
     n_tok = int(mask.sum()) if inputs.num_own_tokens is None else inputs.num_own_tokens
     if n_tok == 0 or not bool(mask.any()):
         return (logp * 0.0).sum()                    # no own tokens here: KL = 0, keep the graph
@@ -368,7 +421,8 @@ def own_rows_kl(inputs: LossInputs, kl_coef: float) -> Tensor:
 
 
 def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
-    """Mini-batch (or micro-batch share of it) loss: −mean_i J_i + β · KL_own (spec §6; T15).
+    """Mini-batch (or micro-batch share of it) loss: −mean_i J_i + β · KL_own (spec §6; T15), the mean
+    being ``cfg.loss_aggregation`` (:func:`aggregate`).
 
     Own rows use ``SELF_OBJECTIVES[cfg.ratio_level]``, cross rows
     ``CROSS_OBJECTIVES[cfg.cross_objective]``. Raises ``ValueError`` on inconsistent shapes.
@@ -381,9 +435,14 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
     if bool((~own).any()):
         parts["cross"] = CROSS_OBJECTIVES.get(cfg.cross_objective)(inputs, cfg)
     rows = _merge_terms(own, parts.get("self"), parts.get("cross"))
-    # loss_i = −J_i ;  L_pg = (1/|mini-batch|) Σ_i loss_i
+    # loss_i = −J_i ;  L_pg = (1/|mini-batch|) Σ_i loss_i   (or the configured aggregation)
     row_loss = -rows.objective
-    pg_loss = sequence_mean(row_loss, inputs.num_sequences)
+    if inputs.loss_mask is not None:
+        keep = inputs.loss_mask.bool()
+        row_loss = torch.where(keep, row_loss, torch.zeros_like(row_loss))   # no loss, no gradient
+        rows = RowTerms(rows.objective, rows.ratio, rows.clip_low, rows.clip_high,
+                        rows.reached_gradient() * keep.to(rows.ratio.dtype))
+    pg_loss = aggregate(row_loss, inputs, cfg.loss_aggregation)
     kl = own_rows_kl(inputs, cfg.kl_coef)
     # L = L_pg + β · KL_own
     loss = pg_loss + cfg.kl_coef * kl
@@ -420,7 +479,7 @@ def _check_inputs(x: LossInputs) -> None:
         t = getattr(x, name)
         if t.shape != (b,):
             raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")
-    for name in ("content_bytes",):
+    for name in ("content_bytes", "loss_mask"):
         t = getattr(x, name)
         if t is not None and t.shape != (b,):
             raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")

@@ -7,9 +7,9 @@ re-exports :class:`OptimConfig`). It lives beside the update it configures
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["OptimConfig"]
 
@@ -41,3 +41,40 @@ class OptimConfig(BaseModel):
     """Skip the optimizer step of a mini-batch whose gradient is exactly zero (every advantage 0, or every
     cross row outside its clip window) and count it (``zero_grad_updates``). AdamW would otherwise still move
     the weights by its momentum and weight decay with no signal from the batch (what verl and TRL do)."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule (TRL/transformers ``lr_scheduler_type``; formulas in
+    :mod:`hacrl_fed.algo.schedule`): ``constant`` (default: ``lr`` throughout; with a warm-up it is
+    transformers' ``constant_with_warmup``), ``linear`` decay to 0, ``cosine`` decay to 0, over
+    ``schedule_steps`` training steps. The lr is a function of the step number alone, so a resumed run
+    continues the schedule exactly."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Training steps of linear warm-up from 0 to ``lr`` (TRL ``warmup_steps``, which counts optimizer
+    steps: here a training step of M updates advances the schedule by 1, each update by 1/M)."""
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Warm-up as a share of ``schedule_steps``: ``ceil(warmup_ratio · schedule_steps)`` steps (TRL
+    ``warmup_ratio``). Give ``warmup_steps`` or ``warmup_ratio``, not both."""
+    schedule_steps: PositiveInt | None = None
+    """N, the training steps the schedule spans: the coordinator's ``run.steps`` (``hacrl-fed simulate``
+    fills it in; a ``hacrl-fed client`` site with a decaying schedule or ``warmup_ratio`` must set it)."""
+    update_mode: Literal["train", "eval"] = "train"
+    """Module mode of the policy during the update's forward passes. ``train`` (TRL and every HF
+    ``Trainer``): dropout is active where the model has any, so the ratio of an own row at the first
+    mini-batch is not exactly 1 then. ``eval``: the update sees the same deterministic policy as
+    generation. Behaviour and old log-probs are always computed in eval mode.
+    Models without dropout (SmolLM2, Gemma-3: ``attention_dropout = 0``) compute the same either way."""
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> OptimConfig:
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError("set optim.warmup_steps or optim.warmup_ratio, not both")
+        return self
+
+    @property
+    def has_schedule(self) -> bool:
+        """The lr changes over the run (a decaying schedule or a warm-up)."""
+        return self.lr_scheduler_type != "constant" or bool(self.warmup_steps or self.warmup_ratio)
+
+    @property
+    def needs_schedule_steps(self) -> bool:
+        """The schedule needs ``schedule_steps`` (decay, or a warm-up given as a ratio)."""
+        return self.lr_scheduler_type != "constant" or bool(self.warmup_ratio)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from hacrl_fed.algo.logprobs import token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
+from hacrl_fed.algo.schedule import scheduled_lr
 from hacrl_fed.tokenization.views import TrainingRow, collate
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ class _Stats:
         self.rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self.updates: dict[str, list[float]] = defaultdict(list)
         self.tokens = 0
+        self.entropy_sum = 0.0
+        self.entropy_tokens = 0
+        self.masked_rows = 0
 
     def add_rows(self, sources: list[str], advs: list[float], out) -> None:
         cols = zip(out.rows.ratio.tolist(), out.rows.clip_low.tolist(), out.rows.clip_high.tolist(),
@@ -167,7 +171,9 @@ class _Stats:
         out = {"rows": float(len(rows)), "updates": float(len(u["loss"])), "tokens": float(self.tokens),
                "loss": mean(u["loss"]), "pg_loss": mean(u["pg_loss"]), "kl": mean(u["kl"]),
                "grad_norm": mean(u["grad_norm"]), "grad_norm_max": max(u["grad_norm"], default=0.0),
-               "skipped_updates": float(sum(u["skipped"])), "zero_grad_updates": float(sum(u["zero_grad"]))}
+               "skipped_updates": float(sum(u["skipped"])), "zero_grad_updates": float(sum(u["zero_grad"])),
+               "lr": mean(u["lr"]), "entropy": self.entropy_sum / max(1, self.entropy_tokens),
+               "masked_truncated_rows": float(self.masked_rows)}
         if u["cross_lower_bound"]:
             out |= {"cross_lower_bound_first": u["cross_lower_bound"][0],
                     "cross_lower_bound_last": u["cross_lower_bound"][-1],
@@ -194,7 +200,13 @@ class _Context:
     temperature: float
     pad_id: int
     device: torch.device
+    max_response_tokens: int | None = None
+    autocast_dtype: torch.dtype | None = None
     row_gate: RowGate | None = None
+
+    def in_loss(self, row: TrainingRow) -> bool:
+        """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
+        return row.ends_with_eos or not self.algo.mask_truncated_completions
 
 
 def _gate_weights(ctx: _Context, rows: list[TrainingRow], idx: list[int], logp: Tensor,
@@ -223,33 +235,48 @@ def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
     return {k: v.to(ctx.device) for k, v in collate(rows, ctx.pad_id).items()}
 
 
-def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
-                          chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"])
+def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor], *, entropy: bool = False):
+    """Response-token log-probs [B, T] (LM head over response positions only; with ``entropy`` also the
+    per-token entropy), under autocast if asked."""
+    with torch.autocast(device_type=ctx.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast_dtype is not None):
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
+                              chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"],
+                              return_entropy=entropy)
 
 
 @torch.no_grad()
 def _old_token_logprobs(ctx: _Context, rows: list[TrainingRow]) -> dict[int, Tensor]:
-    """Per-token log-probs of the own rows under the pre-update policy (GRPO token ratio only)."""
+    """Per-token log-probs of the own rows under the pre-update policy (GRPO token ratio only), in eval
+    mode like the behaviour log-probs of generation (no dropout), whatever mode the update runs in."""
     own = [i for i, r in enumerate(rows) if r.is_own]
     out: dict[int, Tensor] = {}
-    for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in own],
-                                   ctx.optim.micro_batch_tokens):
-        idx = [own[j] for j in micro]
-        batch = _batch(ctx, [rows[i] for i in idx])
-        logp = _logprobs(ctx, ctx.model, batch)
-        for b, i in enumerate(idx):
-            out[i] = logp[b][batch["response_mask"][b].bool()].detach()
+    was_training = ctx.model.training
+    ctx.model.eval()
+    try:
+        for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in own],
+                                       ctx.optim.micro_batch_tokens):
+            idx = [own[j] for j in micro]
+            batch = _batch(ctx, [rows[i] for i in idx])
+            logp = _logprobs(ctx, ctx.model, batch)
+            for b, i in enumerate(idx):
+                out[i] = logp[b][batch["response_mask"][b].bool()].detach()
+    finally:
+        ctx.model.train(was_training)
     return out
 
 
 def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: list[float],
                   ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch,
-                  n_own_tokens: int) -> tuple[LossInputs, int]:
+                  n_own_tokens: int, n_tokens: int, stats: _Stats) -> tuple[LossInputs, int]:
     batch = _batch(ctx, [rows[i] for i in idx])
     resp = batch["response_mask"].bool()
     is_own = torch.tensor([rows[i].is_own for i in idx], dtype=torch.bool, device=ctx.device)
-    logp = _logprobs(ctx, ctx.model, batch)
+    in_loss = torch.tensor([ctx.in_loss(rows[i]) for i in idx], dtype=torch.bool, device=ctx.device)
+    logp, entropy = _logprobs(ctx, ctx.model, batch, entropy=True)
+    trained = resp & in_loss.unsqueeze(-1)
+    # mean token entropy of the policy on the trained tokens (TRL's ``entropy``), from the same logits
+    stats.entropy_sum += float(entropy[trained].double().sum())
+    stats.entropy_tokens += int(trained.sum())
     weights = _gate_weights(ctx, rows, idx, logp, batch)
     ref = None
     if ctx.ref_model is not None and bool(is_own.any()):
@@ -277,7 +304,9 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: l
         old_token_count=col([count for _, count in source]), is_own=is_own,
         capability_ratio=col([ratio[i] for i in idx]), update_index=mb.m, old_token_logprobs=old_tok_t,
         ref_token_logprobs=ref, num_sequences=len(mb.rows), num_own_tokens=n_own_tokens, ratio_mask=ratio_mask,
-        content_bytes=col([rows[i].content_bytes for i in idx]))
+        content_bytes=col([rows[i].content_bytes for i in idx]),
+        loss_mask=None if bool(in_loss.all()) else in_loss, num_tokens=n_tokens,
+        max_response_tokens=ctx.max_response_tokens)
     return inputs, int(batch["attention_mask"].sum())
 
 
@@ -285,12 +314,13 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
                    ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch, stats: _Stats) -> None:
     """Accumulate the mini-batch gradient over micro-batches, clip it, take one optimizer step."""
     optimizer.zero_grad(set_to_none=True)
-    n_own_tokens = sum(len(rows[i].response_ids) for i in mb.rows if rows[i].is_own)
+    n_own_tokens = sum(len(rows[i].response_ids) for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
+    n_tokens = sum(len(rows[i].response_ids) for i in mb.rows if ctx.in_loss(rows[i]))
     loss_sum = pg_sum = kl_sum = 0.0
     for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in mb.rows],
                                    ctx.optim.micro_batch_tokens):
         idx = [mb.rows[j] for j in micro]
-        inputs, tokens = _micro_inputs(ctx, rows, idx, adv, ratio, old_tok, mb, n_own_tokens)
+        inputs, tokens = _micro_inputs(ctx, rows, idx, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)
         out = compute_loss(inputs, ctx.algo)
         # micro losses are normalized by the mini-batch sizes ⇒ their sum is the mini-batch loss
         out.loss.backward()
@@ -308,7 +338,8 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     for key, value in (("loss", loss_sum), ("pg_loss", pg_sum), ("kl", kl_sum), ("grad_norm", grad_norm),
-                       ("skipped", float(skipped)), ("zero_grad", float(zero))):
+                       ("skipped", float(skipped)), ("zero_grad", float(zero)),
+                       ("lr", float(optimizer.param_groups[0]["lr"]))):
         stats.updates[key].append(value)
     if ctx.algo.cross_clip and ctx.algo.cross_objective == "hacpo" and not all(rows[i].is_own for i in mb.rows):
         stats.updates["cross_lower_bound"].append(ctx.algo.cross_lower_bound(mb.m))
@@ -318,11 +349,15 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
                  advantages: Sequence[float], ratios: Mapping[str, float], algo: AlgoConfig,
                  optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
                  temperature: float = 1.0, pad_id: int | None = None,
-                 source_rotation: int = 0, row_gate: RowGate | None = None) -> dict[str, float]:
+                 source_rotation: int = 0, step: int | None = None, max_response_tokens: int | None = None,
+                 on_update: Callable[[int, int], None] | None = None,
+                 autocast_dtype: torch.dtype | None = None,
+                 row_gate: RowGate | None = None) -> dict[str, float]:
     """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
 
     Args:
-        model: the learner's causal LM (parameters updated in place; its train/eval mode is left as is).
+        model: the learner's causal LM (parameters updated in place). The loss forwards run in the mode the
+            caller set (train: dropout active, as TRL); the GRPO old log-probs always in eval mode.
         optimizer: from :func:`make_optimizer` (its parameters are the ones clipped and stepped).
         rows: ``TrainingRow`` s in the learner tokenization (own and foreign, any order).
         advantages: one A per row, same order (e.g. :func:`hacrl_fed.algo.advantages.row_advantages`).
@@ -334,6 +369,14 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         pad_id: padding id (masks come from lengths, so any id works); default from the model config.
         source_rotation: rotates the order of the sources (:func:`source_order`); pass the step so
             no source always gets the tightest stepwise bounds.
+        step: the training step (1-based) for the lr schedule (:func:`hacrl_fed.algo.schedule.scheduled_lr`):
+            with ``optim.has_schedule`` every update sets the optimizer's lr from it; None (or no schedule)
+            leaves the optimizer's lr as it is.
+        max_response_tokens: the learner's response cap, L_max of ``algo.loss_aggregation = "constant"``.
+        on_update: ``on_update(k, M)`` before update k (1-based) of the step's M updates (progress display).
+        autocast_dtype: ``torch.bfloat16`` (or ``float16``) runs the forward passes under ``torch.autocast``
+            (mixed precision; parameters, gradients, AdamW state and the loss stay in their own dtype,
+            float32 normally); None (default): no autocast.
         row_gate: optional :data:`RowGate` (the learner-side screens): scales each foreign row's advantage by
             the weight it returns. None, or weights of 1, leave the update exactly as without it.
 
@@ -342,7 +385,9 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Returns:
         ``rows, updates, tokens, loss, pg_loss, kl, grad_norm, grad_norm_max, skipped_updates,
-        zero_grad_updates, adv_abs_mean, zero_adv_frac, cross_lower_bound_first/last,
+        zero_grad_updates, lr`` (mean lr of the updates), ``entropy`` (mean token entropy in nats of the
+        policy over the trained response tokens of every loss forward, at the sampling temperature),
+        ``masked_truncated_rows, adv_abs_mean, zero_adv_frac, cross_lower_bound_first/last,
         stepwise_saturated_updates`` and per source ``src/<agent>/{rows, s_mean, s_min, s_max, clip_low,
         clip_high, adv_abs_mean, loss, grad_frac, pos_adv_rows, pos_adv_grad_rows}`` (means over updates /
         rows; ``s`` is the ratio before clipping; ``grad_frac`` the share of the source's rows that reached
@@ -351,12 +396,15 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
-            ``ref_model`` with ``kl_coef > 0`` — all before any parameter changes.
+            ``ref_model`` with ``kl_coef > 0``, an autocast dtype other than bfloat16 / float16 — all before
+            any parameter changes.
     """
     rows = list(rows)
     _validate(rows, advantages, ratios, algo, learner)
     if algo.kl_coef > 0 and ref_model is None and any(r.is_own for r in rows):
         raise ValueError("algo.kl_coef > 0 needs ref_model (the learner's frozen reference); or set kl_coef = 0")
+    if algo.loss_aggregation == "constant" and not max_response_tokens:
+        raise ValueError("algo.loss_aggregation = 'constant' needs max_response_tokens (L_max, the learner's cap)")
     stats = _Stats()
     if not rows:
         return stats.summary([])
@@ -364,11 +412,21 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     rows = [rows[i] for i in order]
     adv = [float(advantages[i]) for i in order]
     ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]
+    if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
-                   _pad_id(model, pad_id), next(model.parameters()).device, row_gate)
+                   _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype,
+                   row_gate)
+    stats.masked_rows = sum(not ctx.in_loss(r) for r in rows)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
-    for mb in plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
-                               stepwise_index=algo.stepwise_index):
+    plan = plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
+                            stepwise_index=algo.stepwise_index)
+    for k, mb in enumerate(plan):
+        if on_update is not None:
+            on_update(k + 1, len(plan))
+        if step is not None and optim.has_schedule:
+            for group in optimizer.param_groups:
+                group["lr"] = scheduled_lr(optim, step, k, len(plan))
         _run_minibatch(ctx, optimizer, rows, adv, ratio, old_tok, mb, stats)
     return stats.summary(rows)
 

@@ -38,6 +38,7 @@ from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import RunConfig
 from hacrl_fed.coordinator.intake import bounded_reply
 from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_table, reverify
+from hacrl_fed.coordinator.scalars import TensorBoardLog
 from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request,
                                                interrupted_record, reconcile, step_notices, step_record,
@@ -165,7 +166,8 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
         tracker.load_state_dict(state.capability)
     if state.sampler:
         setup.sampler.load_state_dict(state.sampler)
-    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset)
+    board = TensorBoardLog(setup.run_dir / "tensorboard") if "tensorboard" in run.report_to else None
+    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, mirror=board)
     if state.pending is not None:
         log.warning("step %s was interrupted during its train phase: it counts as done, not as trained (each "
                     "site's next batch says whether it trained it)", state.pending.get("step"))
@@ -184,6 +186,8 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
         prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched, notices)
         _maybe_evaluate(setup, transport, state, metrics)
     _commit(setup, state, metrics, _run_end(state, metrics))
+    if board is not None:
+        board.close()
     log.info("run %s finished: %d steps in %.1f s", run.run_id, state.step, state.elapsed_s)
     return state
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,14 @@ class MetricsLog:
     which the caller stores in :attr:`CoordinatorState.metrics_offset`.
     """
 
-    def __init__(self, path: str | Path, *, offset: int = 0) -> None:
-        """Open ``path`` and truncate it to ``offset`` bytes (lines of an unfinished step go).
+    def __init__(self, path: str | Path, *, offset: int = 0,
+                 mirror: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Open ``path`` and truncate it to ``offset`` bytes (lines of an unfinished step go). ``mirror(record)``
+        receives every record after it is on disk (e.g. :class:`~hacrl_fed.coordinator.scalars.TensorBoardLog`).
 
         Raises StateError if the file is shorter than ``offset`` (it was edited or replaced).
         """
+        self.mirror = mirror
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch(exist_ok=True)
@@ -153,6 +157,8 @@ class MetricsLog:
             f.flush()
             os.fsync(f.fileno())
             self.offset = f.tell()
+        if self.mirror is not None:
+            self.mirror(_finite(record))
         return self.offset
 
     def read(self) -> list[dict[str, Any]]:

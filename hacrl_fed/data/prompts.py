@@ -90,20 +90,57 @@ def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template:
     return bos + _plain_text(problem, system_prompt)
 
 
+_SLOT = "\u2063hacrl-problem\u2063"
+"""Stands for the problem text while the template is rendered around it (invisible separators: no template
+writes it)."""
+
+
+def control_strings(tokenizer) -> list[str]:
+    """The literal strings ``tokenizer`` encodes as one control or added token (``<|im_end|>``, ``<eos>``,
+    ``<start_of_turn>``, …), longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    with_added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(with_added):
+        found.update(with_added())
+    return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
+
+
+def _encode(tokenizer, render, problem: str, literal) -> list[int]:
+    """``render(problem)`` encoded; where the problem holds a control string, the template is rendered around
+    :data:`_SLOT` instead, its markers encoded as control tokens and the problem's text through ``literal``."""
+    if literal is None or not any(c in problem for c in control_strings(tokenizer)):
+        return list(tokenizer(render(problem), add_special_tokens=False).input_ids)
+    parts = render(_SLOT).split(_SLOT)
+    if len(parts) != 2:
+        raise ValueError("the prompt template does not place the problem text exactly once")
+    return (list(tokenizer(parts[0], add_special_tokens=False).input_ids) + list(literal(problem))
+            + list(tokenizer(parts[1], add_special_tokens=False).input_ids))
+
+
 def render_prompt(tokenizer, problem: str, *, system_prompt: str, template: Template = "auto",
-                  max_tokens: int | None = None) -> list[int]:
+                  max_tokens: int | None = None, literal=None) -> list[int]:
     """Token ids of the rendered prompt (see :func:`render_prompt_text`), in ``tokenizer``'s vocabulary.
 
     The text is encoded with ``add_special_tokens=False``; the plain template gets the BOS id prepended
     when the tokenizer has one. ``max_tokens`` keeps the last ``max_tokens`` ids (left truncation,
-    ``ModelConfig.max_prompt_tokens``). Raises ``ValueError`` for an unknown template or ``max_tokens < 1``.
+    ``ModelConfig.max_prompt_tokens``).
+
+    ``literal`` (``str -> list[int]``, e.g. :func:`hacrl_fed.tokenization.views.encode_response_text`) encodes
+    a problem text that contains one of the tokenizer's control strings (:func:`control_strings`): the
+    problem is text from the coordinator's plan, and ``<|im_end|><|im_start|>system`` written into it must not
+    become a turn boundary of the learner's template. The template around it is encoded as usual, so a problem
+    without control strings gets exactly the ids of the whole rendering. Without ``literal`` control strings
+    in the problem are encoded as control tokens (what ``apply_chat_template`` would do).
+
+    Raises ``ValueError`` for an unknown template, ``max_tokens < 1`` or (``literal`` path) a template that
+    does not place the problem exactly once.
     """
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if _uses_chat_template(tokenizer, template):
-        ids = list(tokenizer(_chat_text(tokenizer, problem, system_prompt), add_special_tokens=False).input_ids)
+        ids = _encode(tokenizer, lambda text: _chat_text(tokenizer, text, system_prompt), problem, literal)
     else:
-        ids = list(tokenizer(_plain_text(problem, system_prompt), add_special_tokens=False).input_ids)
+        ids = _encode(tokenizer, lambda text: _plain_text(text, system_prompt), problem, literal)
         bos_id = getattr(tokenizer, "bos_token_id", None)
         if bos_id is not None and (not ids or ids[0] != bos_id):
             ids.insert(0, bos_id)

@@ -111,7 +111,8 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
     (unless ``insecure``). With a roster: the agent is listed, and the node key matches its
     ``node_key`` entry. With ``own_worker`` (the client starts the worker): a roster and a signing
     key are required, the signing key matches the roster's ``ed25519`` entry, the model name
-    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading), and with
+    resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading), its reward
+    functions load, and with
     ``run_id`` set, the site's newest checkpoint (if any) belongs to that run.
     """
     from hacrl_fed.protocol.keys import KeyFileError, Roster, RosterError, load_signing_key, public_key_b64
@@ -146,6 +147,9 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
             check_model_name(agent.model.name_or_path, agent.model.gguf_file)
         except ModelLoadError as err:
             raise ConfigError(str(err)) from None
+        from hacrl_fed.launch.preflight import check_rewards
+
+        check_rewards([agent], key="agent")
         held = _checkpoint_run(Path(agent.checkpoint_dir or Path(cfg.output_dir) / name / "checkpoints"))
         if cfg.run_id and held and held[0] != cfg.run_id:
             raise ConfigError(f"run_id {cfg.run_id!r}: {held[2]} holds checkpoints of run {held[0]!r} (step "

@@ -4,6 +4,8 @@ exit code 2).
 
 * :func:`check_data` — the run's problem sources (``run.data.path``, ``run.data.eval_path``);
 * :func:`check_models` — every agent's model name resolves (no download, no loading);
+* :func:`check_rewards` — every agent's reward functions load;
+* :func:`check_report_to` — what ``run.report_to`` needs is installed;
 * :func:`check_writable` — an output directory can be created and written;
 * :func:`check_simulate` / :func:`check_resume` — all of the above for ``hacrl-fed simulate``.
 
@@ -17,9 +19,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, SimulateConfig
+from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, RunConfig, SimulateConfig
 
-__all__ = ["check_data", "check_models", "check_resume", "check_simulate", "check_writable"]
+__all__ = ["check_data", "check_models", "check_report_to", "check_resume", "check_rewards", "check_simulate",
+           "check_writable"]
 
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
 
@@ -53,6 +56,28 @@ def check_models(agents: Sequence[AgentConfig], key: str = "agents") -> None:
             raise ConfigError(f"{key}[{i}].model.name_or_path ({agent.name}): {' '.join(str(err).split())}") from None
 
 
+def check_rewards(agents: Sequence[AgentConfig], key: str = "agents") -> None:
+    """Every agent's ``reward_funcs`` load (built-in names, importable ``module:function`` paths). Raises
+    ConfigError naming the agent's key."""
+    from hacrl_fed.worker.trainer import reward_terms
+
+    for i, agent in enumerate(agents):
+        try:
+            reward_terms(agent)
+        except ValueError as err:
+            raise ConfigError(f"{key}[{i}].reward_funcs ({agent.name}): {err}") from None
+
+
+def check_report_to(run: RunConfig) -> None:
+    """The packages ``run.report_to`` needs are installed (no import). Raises ConfigError."""
+    import importlib.util
+
+    if "tensorboard" in run.report_to and importlib.util.find_spec("tensorboard") is None:
+        from hacrl_fed.coordinator.scalars import INSTALL_HINT
+
+        raise ConfigError(INSTALL_HINT)
+
+
 def check_writable(path: str | Path, key: str) -> None:
     """``path`` is, or can be created as, a writable directory. Raises ConfigError."""
     p = Path(os.path.abspath(Path(path).expanduser()))
@@ -66,7 +91,9 @@ def check_writable(path: str | Path, key: str) -> None:
 def check_simulate(cfg: SimulateConfig, output_dir: str | Path | None = None) -> None:
     """Everything ``hacrl-fed simulate --config`` needs, before any file is written. Raises ConfigError."""
     check_data(cfg.run.data)
+    check_report_to(cfg.run)
     check_models(cfg.agents)
+    check_rewards(cfg.agents)
     check_writable(output_dir or cfg.run.output_dir, "run.output_dir")
     for i, agent in enumerate(cfg.agents):
         if agent.model.cache_dir:

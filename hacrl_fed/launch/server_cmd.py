@@ -66,7 +66,7 @@ def _check_cert_covers_loopback(cert_path: str) -> None:
 
 def _preflight(cfg: ServerConfig) -> None:
     """Fail fast, with one clear message, on anything the run would trip over later."""
-    from hacrl_fed.launch.preflight import check_data, check_writable
+    from hacrl_fed.launch.preflight import check_data, check_report_to, check_writable
     from hacrl_fed.protocol.keys import Roster
 
     sl = cfg.superlink
@@ -87,6 +87,7 @@ def _preflight(cfg: ServerConfig) -> None:
                 raise ConfigError(f"{f}: no such file (create TLS files with `hacrl-fed keys certs`)")
         _check_cert_covers_loopback(sl.server_cert)  # type: ignore[arg-type]
     check_data(cfg.run.data)
+    check_report_to(cfg.run)
     check_writable(cfg.run.output_dir, "run.output_dir")
     from hacrl_fed.coordinator.rounds import resume_settings
     from hacrl_fed.coordinator.state import load_state, run_digest

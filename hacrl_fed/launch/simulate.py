@@ -61,6 +61,8 @@ log = logging.getLogger("hacrl_fed.simulate")
 
 WORKER_LOAD_TIMEOUT_S = 1800.0
 """Seconds a worker may take to load its model (a cold hub download can be slow)."""
+KEEP_CHECKPOINTS = 3
+"""Checkpoints a worker keeps (``AgentWorker``'s ``keep_checkpoints``), for the disk estimate."""
 
 
 class SimulationError(RuntimeError):
@@ -93,15 +95,30 @@ def _launch_workers(sup: Supervisor, layout: Layout, view) -> dict[str, tuple[Ma
         addr_file = site / "worker.address"
         addr_file.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "hacrl_fed.cli", "worker", "--config", str(site / "client.resolved.toml"),
-                "--address", client.agent.worker_address, "--address-file", str(addr_file)]
+                "--address", client.agent.worker_address, "--address-file", str(addr_file),
+                "--status-file", str(status_path(layout, name))]
         env = worker_env(layout.devices[name], cpu_workers=cpu_workers)
         started[name] = (sup.start(f"worker-{name}", argv, env=env), addr_file, time.monotonic())
         view.loading(name, layout.devices[name], client.agent.model.name_or_path)
     return started
 
 
-def _await_workers(started: Mapping[str, tuple[ManagedProcess, Path, float]],
-                   view) -> dict[str, tuple[ManagedProcess, str, float]]:
+def status_path(layout: Layout, name: str) -> Path:
+    """The status file of agent ``name``'s worker (:mod:`hacrl_fed.status`)."""
+    return layout.run_dir / name / "status.json"
+
+
+def _poll_status(layout: Layout, view) -> None:
+    """Hand every worker's status file, as it is now, to the view (a missing or partial one is skipped)."""
+    for name in layout.clients:
+        try:
+            view.status(name, json.loads(status_path(layout, name).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+
+
+def _await_workers(started: Mapping[str, tuple[ManagedProcess, Path, float]], view,
+                   layout: Layout) -> dict[str, tuple[ManagedProcess, str, float]]:
     """Wait until every worker wrote its address and answers Health. Returns name → (process, address, load s)."""
     from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
 
@@ -124,7 +141,9 @@ def _await_workers(started: Mapping[str, tuple[ManagedProcess, Path, float]],
         if time.monotonic() > deadline:
             raise SimulationError(f"workers not ready after {WORKER_LOAD_TIMEOUT_S:g} s: "
                                   f"{', '.join(sorted(set(started) - set(ready)))}")
+        _poll_status(layout, view)
         time.sleep(0.2)
+    _poll_status(layout, view)
     return ready
 
 
@@ -153,10 +172,12 @@ def _start_supernodes(sup: Supervisor, layout: Layout, addresses: Mapping[str, s
 
 
 def _follow(sup: Supervisor, run: ManagedProcess, layout: Layout, view) -> None:
-    """Feed new metrics lines to ``view`` until ``flwr run`` exits; raise if another child died."""
+    """Feed new metrics lines and the workers' status to ``view`` until ``flwr run`` exits; raise if another
+    child died."""
     offset = 0
     while True:
         done = not run.alive()
+        _poll_status(layout, view)
         if layout.metrics_path.exists():
             with open(layout.metrics_path, "rb") as f:
                 f.seek(offset)
@@ -303,8 +324,9 @@ def _run_processes(sup: Supervisor, layout: Layout, view, result: SimulationResu
     phases, t0 = result.phases, time.monotonic()
     started = _launch_workers(sup, layout, view)
     _, env = _start_superlink(sup, layout)
-    workers = _await_workers(started, view)
+    workers = _await_workers(started, view, layout)
     phases["load_models_s"] = time.monotonic() - t0
+    view.disk(keep_checkpoints=KEEP_CHECKPOINTS)
     for name, (proc, address, load_s) in workers.items():
         result.agents[name] = {"device": layout.devices[name], "model": layout.clients[name].agent.model.name_or_path,
                                "load_s": load_s, "worker_pid": proc.pid, "worker_address": address}

@@ -1,9 +1,12 @@
-"""Console view of ``hacrl-fed simulate``: a rich progress display fed by the coordinator's metrics lines.
+"""Console view of ``hacrl-fed simulate``: a rich progress display fed by the coordinator's metrics lines
+and the workers' status files.
 
-:class:`SimulationView` shows model loading per agent, the held-out evaluations, and one bar over
-the run's steps; every finished step prints one line (per agent: rollout accuracy, capability P̂,
-capability ratios r_{j→k} it trained with, wire bytes), so the scroll-back is the run's log.
-It reads nothing itself: :mod:`hacrl_fed.launch.simulate` calls it.
+:class:`SimulationView` shows one live line per agent with what its worker is doing (loading, generating
+with tokens/s, verifying, training with mini-batch k/M, evaluating, exporting — :func:`agent_line`), the
+held-out evaluations, and one bar over the run's steps; once the models are loaded it prints the disk the
+run will write (:func:`disk_line`); every finished step prints one line (per agent: rollout accuracy,
+capability P̂, capability ratios r_{j→k} it trained with, wire bytes), so the scroll-back is the run's
+log. It reads nothing itself: :mod:`hacrl_fed.launch.simulate` calls it.
 """
 
 from __future__ import annotations
@@ -12,25 +15,76 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+import math
+import time
+
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from hacrl_fed.config import SimulateConfig
 from hacrl_fed.report.formats import format_bytes
 
-__all__ = ["SimulationView", "step_line"]
+__all__ = ["SimulationView", "agent_line", "disk_line", "step_line"]
 
 
 def _num(x: Any, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
+
+
+class _Count(ProgressColumn):
+    """``completed/total`` for tasks with a total; nothing for the open-ended ones (an agent's phase line)."""
+
+    def render(self, task) -> Text:
+        return Text("" if task.total is None else f"{task.completed:.0f}/{task.total:.0f}")
+
+
+def agent_line(name: str, status: dict[str, Any], now: float | None = None) -> str:
+    """What agent ``name``'s worker is doing, from its status file (:mod:`hacrl_fed.status`)."""
+    phase = status.get("phase", "?")
+    step = status.get("step")
+    seconds = max(0.0, (now if now is not None else time.time()) - float(status.get("since", 0) or 0))
+    rate = (f" — {status['tokens']} tokens, {status.get('tokens_per_s', 0):.1f} tokens/s"
+            if status.get("tokens") else "")
+    if phase == "loading":
+        text = f"loading {status.get('model', 'the model')} on {status.get('device', '?')}"
+    elif phase == "generating":
+        text = f"generating step {step} ({status.get('rollouts', '?')} rollouts){rate}"
+    elif phase == "verifying":
+        text = f"verifying step {step} ({status.get('rollouts', '?')} answers)"
+    elif phase == "training":
+        mb = f" — mini-batch {status['update']}/{status['updates']}" if status.get("updates") else ""
+        text = f"training step {step}{mb}"
+    elif phase == "evaluating":
+        text = f"evaluating the model of step {step} ({status.get('problems', '?')} problems){rate}"
+    elif phase == "idle":
+        text = f"waiting for the coordinator (last step trained: {step or 0})"
+    else:
+        text = f"{phase} (step {step})"
+    return f"{name}: {text} · {seconds:.0f} s"
+
+
+def disk_line(cfg: SimulateConfig, disk: dict[str, dict[str, int]], *, keep_checkpoints: int = 3) -> str:
+    """The disk the run will write: every agent's exported model, plus its checkpoints (at most
+    ``keep_checkpoints`` kept, one per ``run.checkpoint_every`` steps). ``disk[agent]`` = the worker's
+    ``{"export": bytes, "checkpoint": bytes}``."""
+    run = cfg.run
+    kept = 0 if run.checkpoint_every == 0 else min(keep_checkpoints, math.ceil(run.steps / run.checkpoint_every))
+    exports = sum(d.get("export", 0) for d in disk.values())
+    checkpoints = kept * sum(d.get("checkpoint", 0) for d in disk.values())
+    per_agent = ", ".join(f"{n} {format_bytes(d.get('export', 0))}" for n, d in sorted(disk.items()))
+    ckpt = ("no checkpoints (run.checkpoint_every = 0)" if not kept else
+            f"checkpoints {format_bytes(checkpoints)} ({kept} kept per agent, every {run.checkpoint_every} step(s))")
+    return (f"disk: this run will write ≈ {format_bytes(exports + checkpoints)}: exported models "
+            f"{format_bytes(exports)} ({per_agent}), {ckpt}")
 
 
 def step_line(rec: dict[str, Any], steps: int) -> str:
@@ -59,9 +113,10 @@ class SimulationView:
         self.run_dir = run_dir
         self.console = console or Console()
         self.steps = cfg.run.steps
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.tasks: dict[str, TaskID] = {}
+        self.disks: dict[str, dict[str, int]] = {}
 
     def __enter__(self) -> SimulationView:
         self.console.print(self._header())
@@ -97,17 +152,29 @@ class SimulationView:
         self.progress.console.print(text)
 
     def loading(self, name: str, device: str, model: str) -> None:
-        self._task(f"load/{name}", f"loading {name}: {model} on {device}")
+        self._task(f"agent/{name}", f"{name}: loading {model} on {device}")
 
     def loaded(self, name: str, seconds: float) -> None:
-        self._done(f"load/{name}")
         self.message(f"{name} ready after {seconds:.0f} s")
+
+    def status(self, name: str, status: dict[str, Any]) -> None:
+        """The worker of ``name`` reported ``status`` (its status file): its line shows the phase."""
+        self._task(f"agent/{name}", name)
+        self.progress.update(self.tasks[f"agent/{name}"], description=agent_line(name, status))
+        if isinstance(status.get("disk"), dict):
+            self.disks[name] = status["disk"]
+
+    def disk(self, *, keep_checkpoints: int = 3) -> None:
+        """Print the disk the run will write (once every worker reported its model's size)."""
+        if self.disks:
+            self.message(disk_line(self.cfg, self.disks, keep_checkpoints=keep_checkpoints))
 
     def exporting(self, name: str) -> None:
         self._task(f"export/{name}", f"exporting {name} (Hugging Face directory)")
 
     def exported(self, name: str, path: str) -> None:
         self._done(f"export/{name}")
+        self._done(f"agent/{name}", f"{name}: done, model exported")
         self.message(f"{name} exported to {path}")
 
     def record(self, rec: dict[str, Any]) -> None:

@@ -26,6 +26,9 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
   its own verdict), ``claim_disagreements`` (j's own reward claims k's verifier contradicts), ``standing``
   (0 trusted, 1 down-weighted, 2 quarantined) and ``ll_per_byte`` (mean learner log-likelihood per byte).
 * ``wire_bytes``: bytes of k's orders and replies on the Flower wire in that step (both phases).
+* in ``metrics.jsonl`` (``agents.<k>.train``, the learner's raw metrics): ``entropy`` (mean token entropy of the
+  policy over the trained response tokens, nats), ``lr`` (mean learning rate of the step's updates),
+  ``masked_truncated_rows``, ``reward/<function>_mean`` (with ``reward_funcs``), ``loss``, ``grad_norm`` ….
 * ``weight_bytes`` (per agent): size of the exported ``*.safetensors``; ``weights_per_wire`` = weight_bytes
   / mean wire bytes per step.
 """

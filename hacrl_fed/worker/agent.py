@@ -12,14 +12,17 @@ import hashlib
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
+from hacrl_fed.algo.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
 from hacrl_fed.screens import SiteGuard
+from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
@@ -27,8 +30,9 @@ from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, Trai
 from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
-from hacrl_fed.worker.models import load_model, model_fingerprint
-from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes
+from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
+from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
+from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
 __all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
 
@@ -130,6 +134,8 @@ class AgentWorker:
         keep_checkpoints: checkpoints kept on disk (older ones are deleted).
         max_batch_sequences: sequences per ``generate`` call.
         verifier: a running :class:`~hacrl_fed.reward.Verifier` to share (default: start one from ``cfg.verifier``).
+        status_file: where to keep the worker's phase for a progress display (:mod:`hacrl_fed.status`);
+            None: nowhere.
 
     Raises ``ModelLoadError`` / ``KeyFileError`` / ``RosterError`` when the model, key or roster cannot be loaded;
     ``CheckpointError`` when checkpoints exist but none is intact, or they belong to another run than ``run_id``;
@@ -139,7 +145,8 @@ class AgentWorker:
     def __init__(self, cfg: AgentConfig, *, checkpoint_dir: str | Path | None = None,
                  sampling: SamplingConfig | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  resume: bool = True, keep_checkpoints: int = 3, max_batch_sequences: int = 32,
-                 verifier: Verifier | None = None, run_id: str | None = None) -> None:
+                 verifier: Verifier | None = None, run_id: str | None = None,
+                 status_file: str | Path | None = None) -> None:
         if not cfg.private_key:
             raise ValueError(f"agent {cfg.name!r} needs agent.private_key (create one with `hacrl-fed keys gen`)")
         self.cfg = cfg
@@ -148,8 +155,11 @@ class AgentWorker:
         self.key = load_signing_key(cfg.private_key)
         self.roster = Roster.load(cfg.roster) if cfg.roster else {}
         self.lock = threading.Lock()
+        rewards = reward_terms(cfg)                      # a bad reward function fails before the model loads
         root = Path(checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints")
         self._dir_lock = DirLock(root, what=f"the checkpoints of {cfg.name}")  # before a model loads
+        self.status = StatusFile(status_file, cfg.name)
+        self.status.set("loading", model=cfg.model.name_or_path, device=cfg.model.device)
         try:
             self.loaded = load_model(cfg.model)
         except BaseException:
@@ -163,11 +173,14 @@ class AgentWorker:
         self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
                                       logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
                                       stop_strings=stop_strings(self.tokenizer, cfg.model.chat_template,
-                                                                cfg.model.stop))
+                                                                cfg.model.stop),
+                                      behaviour_logprobs=cfg.model.behaviour_logprobs,
+                                      autocast_dtype=self.loaded.autocast_dtype)
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template))
+                               response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
+                               rewards=rewards, autocast_dtype=self.loaded.autocast_dtype)
         self.trainer.guard = SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
@@ -183,6 +196,8 @@ class AgentWorker:
                                                                                    state.capability)
                 self._saved_step = state.step
                 self.trainer.guard.load_state_dict(state.extra.get("screens"))
+                published = state.extra.get("published_fingerprint")
+                self._fingerprint = published if isinstance(published, str) and published else None
                 detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
                 if run_id and state.run_id and state.run_id != run_id:
                     raise CheckpointError(f"{root} holds checkpoints of run {state.run_id!r} (step {state.step}), "
@@ -195,15 +210,39 @@ class AgentWorker:
         self.trainer.guard.verify = self.verifier.verify
         self.trainer.guard.release(cfg.screens.release)
         _ = self.fingerprint
+        self.tokens = TokenCounter(unwrap_causal_lm(self.model)[0], self.status)
+        self.trainer.on_update = lambda k, m: self.status.update(update=k, updates=m, force=True)
+        self.status.state["disk"] = disk_estimate(self.model, is_lora=self.loaded.is_lora)
+        self.status.set("idle", step=self.trainer.step)
 
     # ------------------------------------------------------------------ helpers
 
     @property
     def fingerprint(self) -> str:
-        """Model fingerprint, recomputed after every weight change."""
+        """The fingerprint this worker publishes (``RolloutBatch.model_fingerprint``, ``Health``).
+
+        At start-up: :func:`~hacrl_fed.worker.models.model_fingerprint` of the loaded weights (``sha256:``,
+        config and every tensor). After each completed training step: :func:`~hacrl_fed.worker.models.
+        lineage_fingerprint` of the previous value and :meth:`_update_digest` of the step (``lineage:``), so no
+        weight is re-hashed per step. A resumed worker first checks the loaded weights against the content
+        hash its checkpoint recorded, then publishes the value its predecessor published at that step. After a
+        train request that failed mid-way (weights possibly half-updated) the content hash is computed again.
+        """
         if self._fingerprint is None:
             self._fingerprint = model_fingerprint(self.model)
         return self._fingerprint
+
+    def _update_digest(self, req: wpb.TrainRequest) -> bytes:
+        """SHA-256 of everything a train request's update reads: run, step, every envelope (key id, payload,
+        signature) in order, the capability table and the algorithm and optimizer settings (not the deadline,
+        the notice or the checkpoint interval)."""
+        h = hashlib.sha256(f"{req.run_id}\0{req.step}\0".encode())
+        for env in req.envelopes:
+            for part in (env.key_id.encode(), env.payload, env.signature):
+                h.update(len(part).to_bytes(8, "big") + part)
+        h.update(req.capabilities.SerializeToString(deterministic=True))
+        h.update(self.cfg.algo.model_dump_json().encode() + self.cfg.optim.model_dump_json().encode())
+        return h.digest()
 
     def _check_run(self, run_id: str, step: int, *, for_generate: bool) -> None:
         if not run_id or len(run_id) > MAX_ID_CHARS:
@@ -216,8 +255,10 @@ class AgentWorker:
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
         m = self.cfg.model
+        literal = partial(encode_response_text, self.tokenizer)  # the plan's text never writes a turn boundary
         return {p.prompt_id: tuple(render_prompt(self.tokenizer, p.text, system_prompt=m.system_prompt,
-                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens))
+                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens,
+                                                 literal=literal))
                 for p in prompts}
 
     def close(self) -> None:
@@ -240,9 +281,11 @@ class AgentWorker:
     def _save(self, path: str) -> Path:
         """Checkpoint the current state (the lock is held)."""
         step = self.trainer.step
+        # the content hash proves the weights at resume; the published value carries on after it
         state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
-                              fingerprint=self.fingerprint,
-                              extra={"agent": self.name, "screens": self.trainer.guard.state_dict()})
+                              fingerprint=model_fingerprint(self.model),
+                              extra={"agent": self.name, "published_fingerprint": self.fingerprint,
+                                     "screens": self.trainer.guard.state_dict()})
         saved = self.checkpoints.save(self.model, self.trainer.optimizer, state, path or None)
         if not path:
             self._saved_step = step
@@ -277,9 +320,11 @@ class AgentWorker:
             order = [p.prompt_id for p in plan.prompts]
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
-            samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
-            t_gen = time.perf_counter()
-            verdicts, verifier_counts = self._verify(plan.prompts, samples)
+            with self.status.phase("generating", step=plan.step, rollouts=n * len(order)), self.tokens.counting():
+                samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
+                t_gen = time.perf_counter()
+                self.status.set("verifying", step=plan.step, rollouts=len(samples))
+                verdicts, verifier_counts = self._verify(plan.prompts, samples)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
@@ -287,7 +332,7 @@ class AgentWorker:
                 run_id=plan.run_id, step=plan.step, prompt_ids=prompt_ids, samples_per_prompt=plan.samples_per_prompt,
                 samples={(order[s.prompt_index], s.sample_index): s for s in samples},
                 payload=envelope.payload, temperature=sampling.logprob_temperature, batch=batch,
-                max_new_tokens=sampling.max_new_tokens, references={p.prompt_id: p for p in plan.prompts}))
+                max_new_tokens=sampling.max_new_tokens, prompts={p.prompt_id: p for p in plan.prompts}))
             tokens = sum(s.token_count for s in samples)
             metrics = {
                 "time/generate_s": t_gen - t0, "time/verify_s": t_ver - t_gen,
@@ -349,9 +394,16 @@ class AgentWorker:
                 raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
-            self._fingerprint = None
-            report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
-            _ = self.fingerprint
+            parent = self.fingerprint
+            self._fingerprint = None               # undefined while the weights change: Health waits for the lock
+            try:
+                with self.status.phase("training", step=req.step):
+                    report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
+            except (PreconditionError, InvalidRequestError):
+                self._fingerprint = parent         # refused before any weight changed
+                raise
+            # any other failure leaves it None: the weights may be half-updated, they are hashed when next asked
+            self._fingerprint = lineage_fingerprint(parent, self._update_digest(req))
             log.info("%s", train_summary(report))
             for line in report.rejected:
                 log.warning("step %d: refused a peer batch: %s", report.step, line)
@@ -373,7 +425,8 @@ class AgentWorker:
         sampling = sampling_from_proto(req.sampling, self.sampling_defaults.max_new_tokens)
         items = [EvalItem(p.prompt_id, p.text, p.reference_answer, p.answer_style or "boxed") for p in req.prompts]
         m = self.cfg.model
-        with self.lock:
+        with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(items)), \
+                self.tokens.counting():
             results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
                                      seed=req.sampling.seed, system_prompt=m.system_prompt, template=m.chat_template,
                                      max_prompt_tokens=m.max_prompt_tokens,
@@ -399,9 +452,10 @@ class AgentWorker:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory."""
         if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
             raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
-        with self.lock:
+        export = req.kind == wpb.CheckpointRequest.EXPORT
+        with self.lock, self.status.phase("exporting" if export else "checkpointing", step=self.trainer.step):
             step = self.trainer.step
-            if req.kind == wpb.CheckpointRequest.EXPORT:
+            if export:
                 out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out)), step=step)
             path = self._save(req.path)

@@ -4,26 +4,66 @@ The worker talks to a :class:`RolloutEngine` (a Protocol), so a vLLM engine can 
 Hugging Face one without touching the trainer or the service. :class:`HFRolloutEngine` runs
 batched ``model.generate`` with a KV cache and **left** padding, in sub-batches that bound memory.
 
-Behaviour log-probs (ARCHITECTURE §2 step 2, hacpo-spec §8.3 step 3) are *not* generate's
-processed scores: every response is re-scored teacher-forced (prompt + response, right padding,
-exactly the layout the trainer uses) by :func:`hacrl_fed.algo.logprobs.token_logprobs`, with logits
-divided by the sampling temperature (1.0 for greedy). The count includes the terminal EOS when the
-response stopped on it (the project's EOS convention: "stop" rows keep their EOS on both sides).
+Behaviour log-probs (ARCHITECTURE §2 step 2, hacpo-spec §8.3 step 3) are log π(y_t | prompt, y_<t) of
+the sampled tokens under the *untruncated* tempered softmax, log-softmax(logits / T) with T the sampling
+temperature (1.0 for greedy) — the same quantity the trainer computes for the learner, so an own row's
+importance ratio is 1 before the first update. Top-k / top-p truncate only what is sampled from, never this
+value. The count includes the terminal EOS when the response stopped on it (the project's EOS convention:
+"stop" rows keep their EOS on both sides). Two ways to get them (``behaviour_logprobs``):
+
+* ``"generation"`` (what ``"auto"``, the default, picks for a model computing in float32): read from the
+  generation pass itself. A logits processor placed before
+  ``generate``'s temperature / top-k / top-p warpers sees each step's raw logits (final-logit softcapping
+  included, as the model's forward applies it) and keeps the log-prob of the token sampled from them, plus
+  that of the EOS a stop-string cut appends. No second forward.
+* ``"teacher_forced"`` (what ``"auto"`` picks under bf16 / fp16, weights or autocast): every response
+  re-scored in one more forward over prompt + response (right padding, exactly the layout the trainer uses)
+  by :func:`hacrl_fed.algo.logprobs.token_logprobs`.
+
+Both compute the same function of the same weights; they differ only by floating-point rounding (the KV
+cache's step-by-step attention against one full forward, left against right padding). Measured on
+SmolLM2-135M-Instruct, 4 × 4 responses, 1013 sampled tokens (``benchmarks/bench_behaviour_logprobs.py``,
+README "Behaviour log-probs and mixed precision"):
+
+* float32: |generation − teacher-forced| per token max 3.0e-5 nats, mean 8.0e-6; an own row's sequence
+  ratio before the first update |log s| ≤ 1.2e-5 (GSPO clips at 3e-4); the teacher-forced pass equals the
+  trainer's forward exactly. ``generate`` takes 0.68× the CPU time without the extra forward.
+* bf16 autocast: the two passes round differently, per token max 0.27 nats, mean 0.033, |log s| up to
+  0.026 — every own row would sit outside GSPO's clip window — while the teacher-forced pass still equals
+  the trainer's forward exactly. Hence ``auto``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Sequence
 
 import torch
+from torch import Tensor
 
 from hacrl_fed.algo.logprobs import token_logprobs
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
-__all__ = ["GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "eos_token_ids"]
+__all__ = ["BEHAVIOUR_LOGPROBS", "GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "autocast_context",
+           "eos_token_ids"]
 
 FinishReason = Literal["stop", "length"]
+BEHAVIOUR_LOGPROBS = ("auto", "generation", "teacher_forced")
+"""Where behaviour log-probs come from (module docstring): the generation pass, one more forward, or ``auto``:
+the generation pass when the model computes in float32, the extra forward under bf16 / fp16 (weights or autocast)."""
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast(device.type, dtype)`` when ``dtype`` is set (mixed precision), else a no-op context.
+
+    Raises ``ValueError`` for a dtype other than ``torch.bfloat16`` / ``torch.float16``.
+    """
+    if dtype is None:
+        return contextlib.nullcontext()
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -119,7 +159,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 class HFRolloutEngine:
-    """Batched Hugging Face ``generate`` (KV cache, left padding) + teacher-forced behaviour log-probs.
+    """Batched Hugging Face ``generate`` (KV cache, left padding) + behaviour log-probs of the sampled tokens.
 
     Args:
         model: causal LM (optionally ``peft``-wrapped) on its device.
@@ -130,12 +170,31 @@ class HFRolloutEngine:
         stop_strings: strings that end a response (e.g. the plain template's next ``Question:``). A row
             stops generating once its text contains one; the response is cut before it and ends with EOS
             (finish reason ``stop``, :func:`~hacrl_fed.tokenization.retokenize.cut_at_stop_strings`).
+        behaviour_logprobs: ``"generation"`` (read from the sampling pass), ``"teacher_forced"`` (one more
+            forward per response) or ``"auto"`` (default: ``generation`` for float32 weights without autocast,
+            else ``teacher_forced``); see the module docstring. The attribute of the same name holds the pass
+            used. A row whose ids are not a prefix of what was sampled (never the case today) is re-scored
+            teacher-forced whatever the mode.
+        autocast_dtype: ``torch.bfloat16`` (or ``float16``) runs generation and scoring under ``torch.autocast``
+            (mixed precision, weights kept in their dtype); None (default) runs in the weights' dtype.
+
+    Raises ``ValueError`` for a size < 1, an unknown ``behaviour_logprobs`` or a bad ``autocast_dtype``.
     """
 
     def __init__(self, model, tokenizer, *, max_batch_sequences: int = 32, logprob_batch_tokens: int = 8192,
-                 logprob_chunk_tokens: int = 1024, stop_strings: Sequence[str] = ()) -> None:
+                 logprob_chunk_tokens: int = 1024, stop_strings: Sequence[str] = (),
+                 behaviour_logprobs: str = "auto", autocast_dtype: torch.dtype | None = None) -> None:
         if max_batch_sequences < 1 or logprob_batch_tokens < 1:
             raise ValueError("max_batch_sequences and logprob_batch_tokens must be >= 1")
+        if behaviour_logprobs not in BEHAVIOUR_LOGPROBS:
+            raise ValueError(f"behaviour_logprobs must be one of {', '.join(BEHAVIOUR_LOGPROBS)}, "
+                             f"got {behaviour_logprobs!r}")
+        autocast_context(torch.device("cpu"), autocast_dtype)   # validates the dtype
+        if behaviour_logprobs == "auto":
+            float32 = autocast_dtype is None and next(model.parameters()).dtype == torch.float32
+            behaviour_logprobs = "generation" if float32 else "teacher_forced"
+        self.behaviour_logprobs = behaviour_logprobs
+        self.autocast_dtype = autocast_dtype
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_sequences = max_batch_sequences
@@ -163,30 +222,39 @@ class HFRolloutEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         rows = [(pi, si) for pi in range(len(prompts)) for si in range(n)]
-        responses: list[tuple[tuple[int, ...], FinishReason]] = []
+        responses: list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]] = []
         was_training = self.model.training
         self.model.eval()
         devices = [self.device] if self.device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
+            with (torch.random.fork_rng(devices=devices), torch.no_grad(),
+                  autocast_context(self.device, self.autocast_dtype)):
                 torch.manual_seed(seed)
                 for start in range(0, len(rows), self.max_batch_sequences):
                     chunk = rows[start:start + self.max_batch_sequences]
                     responses.extend(self._generate_batch([prompts[pi] for pi, _ in chunk], sp))
-                scores = self.score([prompts[pi] for pi, _ in rows], [r for r, _ in responses],
-                                    sp.logprob_temperature)
+                todo = [i for i, (_, _, lp) in enumerate(responses) if lp is None]
+                rescored = self.score([prompts[rows[i][0]] for i in todo], [responses[i][0] for i in todo],
+                                      sp.logprob_temperature) if todo else []
         finally:
             self.model.train(was_training)
+        per_token = [lp for _, _, lp in responses]
+        for i, (_, _, lps) in zip(todo, rescored):
+            per_token[i] = lps
         out = []
-        for (pi, si), (resp, finish), (lp_sum, count, per_token) in zip(rows, responses, scores):
+        for (pi, si), (resp, finish, _), lps in zip(rows, responses, per_token, strict=True):
             text = clean_response_text(self.tokenizer, resp, eos_ids=self.eos_ids)
-            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, lp_sum, count, per_token))
+            total = float(torch.tensor(lps, dtype=torch.float64).sum()) if lps else 0.0
+            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, total, len(resp), tuple(lps)))
         return out
 
     def _generate_batch(self, prompts: list[tuple[int, ...]],
-                        sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason]]:
-        """One left-padded ``generate`` call; cut each row at its first EOS or stop string."""
-        from transformers import GenerationConfig, StoppingCriteriaList
+                        sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]]:
+        """One left-padded ``generate`` call; cut each row at its first EOS or stop string.
+
+        Returns (response ids, finish reason, per-token behaviour log-probs or None to re-score) per row.
+        """
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -203,14 +271,22 @@ class HFRolloutEngine:
         )
         criteria = (StoppingCriteriaList([_StopOnStrings(self.tokenizer, self.stop_strings, width)])
                     if self.stop_strings else None)
+        # no repetition penalty, n-gram ban or minimum length above: nothing alters the logits before the capture
+        capture = (_SampledTokenLogprobs(sp.logprob_temperature, self.eos_ids[0], width)
+                   if self.behaviour_logprobs == "generation" else None)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen_cfg, stopping_criteria=criteria)
-        result: list[tuple[tuple[int, ...], FinishReason]] = []
-        for row in out[:, width:].tolist():
+                                  generation_config=gen_cfg, stopping_criteria=criteria,
+                                  logits_processor=LogitsProcessorList([capture]) if capture else None)
+        generated = out[:, width:]
+        sampled, eos_lp = capture.result(generated) if capture else (None, None)
+        result: list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]] = []
+        for b, row in enumerate(generated.tolist()):
             ids, finish = split_generated(row, self.eos_ids, sp.max_new_tokens)
             if self.stop_strings:
                 ids, finish = cut_at_stop_strings(self.tokenizer, ids, finish, self.stop_strings, self.eos_ids[0])
-            result.append((tuple(ids), finish))  # type: ignore[arg-type]
+            lps = (_row_logprobs(row, ids, sampled[b].tolist(), eos_lp[b].tolist(), self.eos_ids[0])
+                   if capture else None)
+            result.append((tuple(ids), finish, lps))  # type: ignore[arg-type]
         return result
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -218,7 +294,8 @@ class HFRolloutEngine:
         """(Σ log-prob, token count, per-token log-probs) of each response given its prompt, teacher-forced.
 
         Rows are right-padded prompt+response batches of at most ``logprob_batch_tokens`` padded
-        tokens; log-probs come from :func:`token_logprobs` with ``temperature``. Gradients are off.
+        tokens; log-probs come from :func:`token_logprobs` with ``temperature``, the LM head only over the
+        response positions. Gradients are off; runs under the engine's autocast dtype, if any.
         """
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         out: list[tuple[float, int, tuple[float, ...]]] = []
@@ -243,7 +320,7 @@ class HFRolloutEngine:
             ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[b, :len(seq)] = 1
             scored[b, len(p):len(seq)] = True
-        with torch.no_grad():
+        with torch.no_grad(), autocast_context(self.device, self.autocast_dtype):
             lp = token_logprobs(self.model, ids.to(self.device), mask.to(self.device), temperature=temperature,
                                 chunk_tokens=self.logprob_chunk_tokens, score_mask=scored.to(self.device)).cpu()
         out = []
@@ -251,6 +328,70 @@ class HFRolloutEngine:
             tok = lp[b, len(p):len(p) + len(r)].double()
             out.append((float(tok.sum()), len(r), tuple(tok.tolist())))
         return out
+
+
+class _SampledTokenLogprobs:
+    """``generate`` logits processor recording log-softmax(logits / T) of each sampled token and of ``eos_id``.
+
+    Called once per generated position with the ids so far and that step's logits [B, V] (float32, after the
+    model's own softcapping, before ``generate``'s temperature / top-k / top-p warpers, which come after the
+    processors a caller passes). It returns the logits unchanged. The token sampled at step t is only known at
+    step t + 1 (the last column of ``input_ids``), so one step's log-softmax [B, V] is kept until then.
+    """
+
+    def __init__(self, temperature: float, eos_id: int, prompt_width: int) -> None:
+        self.inv_temperature = 1.0 / temperature
+        self.eos_id = int(eos_id)
+        self.prompt_width = prompt_width
+        self._last: Tensor | None = None
+        self._sampled: list[Tensor] = []
+        self._eos: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if input_ids.shape[1] - self.prompt_width != len(self._eos):
+            raise RuntimeError("behaviour log-prob capture called out of step with generation")
+        if self._last is not None:
+            self._sampled.append(self._last.gather(1, input_ids[:, -1:]).squeeze(1))
+        z = scores.float()
+        logp = torch.log_softmax(z * self.inv_temperature if self.inv_temperature != 1.0 else z, dim=-1)
+        self._eos.append(logp[:, self.eos_id].clone())   # a copy: a view would keep every step's [B, V] alive
+        self._last = logp
+        return scores
+
+    def result(self, generated: Tensor) -> tuple[Tensor, Tensor]:
+        """([B, S] log-prob of ``generated[:, t]``, [B, S] log-prob of EOS at step t), float32 on the CPU.
+
+        ``generated`` [B, S] are the new tokens ``generate`` returned. Raises ``RuntimeError`` if the capture
+        did not see every step.
+        """
+        steps = generated.shape[1]
+        if self._last is not None and len(self._sampled) == steps - 1:
+            self._sampled.append(self._last.gather(1, generated[:, steps - 1:]).squeeze(1))
+        self._last = None
+        if len(self._sampled) != steps or len(self._eos) != steps:
+            raise RuntimeError(f"behaviour log-prob capture saw {len(self._eos)} of {steps} generation steps")
+        if not steps:
+            empty = torch.zeros((generated.shape[0], 0))
+            return empty, empty
+        return torch.stack(self._sampled, 1).cpu(), torch.stack(self._eos, 1).cpu()
+
+
+def _row_logprobs(generated: Sequence[int], ids: Sequence[int], sampled: Sequence[float], eos: Sequence[float],
+                  eos_id: int) -> tuple[float, ...] | None:
+    """Per-token log-probs of response ``ids`` from one row's capture; None when ``ids`` is no sampled prefix.
+
+    ``ids`` is a prefix of the ``generated`` row (cut at its first EOS), or — after a stop-string cut — a
+    shorter prefix plus ``eos_id``, whose log-prob at that position the capture recorded too.
+    """
+    out: list[float] = []
+    for t, tok in enumerate(ids):
+        if t < len(generated) and tok == generated[t]:
+            out.append(sampled[t])
+        elif t == len(ids) - 1 and tok == eos_id and t < len(eos):
+            out.append(eos[t])
+        else:
+            return None
+    return tuple(out)
 
 
 class _StopOnStrings:

@@ -22,7 +22,8 @@ from typing import Any
 
 from hacrl_fed.atomic import atomic_write_text
 
-__all__ = ["EvalItem", "ProblemResult", "evaluate_items", "pass_at_k", "run_eval", "summarize", "write_jsonl"]
+__all__ = ["EvalItem", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval", "summarize",
+           "write_jsonl"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -74,6 +75,7 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
     ``samples < 1`` or invalid sampling parameters.
     """
     from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.tokenization.views import encode_response_text
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -81,7 +83,8 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
     for start in range(0, len(items), max(1, chunk_prompts)):
         chunk = items[start:start + max(1, chunk_prompts)]
         prompts = [render_prompt(tokenizer, it.problem, system_prompt=system_prompt, template=template,
-                                 max_tokens=max_prompt_tokens) for it in chunk]
+                                 max_tokens=max_prompt_tokens, literal=lambda s: encode_response_text(tokenizer, s))
+                   for it in chunk]
         generated = engine.generate(prompts, samples, sampling, seed + start)
         verdicts = verifier.verify([g.text for g in generated],
                                    [chunk[g.prompt_index].reference for g in generated],
@@ -131,6 +134,43 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
     return out
 
 
+def format_summary(summary: dict[str, float], *, model: str, data: str, temperature: float,
+                   max_new_tokens: int, out: str | None = None) -> str:
+    """The summary of :func:`summarize` (+ ``elapsed_s``) as the few lines ``hacrl-fed eval`` prints.
+
+    >>> print(format_summary({"avg@2": 0.5, "pass@1": 0.5, "pass@2": 0.75, "problems": 4.0,
+    ...                       "verifier_error_frac": 0.125, "length_frac": 0.25, "response_tokens_mean": 40.0,
+    ...                       "elapsed_s": 12.3}, model="m", data="d.jsonl", temperature=1.0, max_new_tokens=64))
+    m on d.jsonl: 4 problems × 2 samples (temperature 1), 12 s
+      avg@2             50.0 %  mean share of correct responses
+      pass@1            50.0 %  a problem solved by 1 response (unbiased estimate)
+      pass@2            75.0 %  a problem solved by at least one of 2 responses (unbiased estimate)
+      truncated         25.0 %  of the responses hit --max-new-tokens 64 (mean length 40 tokens)
+      verifier errors   12.5 %  of the responses could not be verified (timeout, unparseable answer): counted wrong
+    """
+    n = max((int(k.split("@")[1]) for k in summary if k.startswith("avg@")), default=1)
+    sampling = "greedy" if temperature == 0 else f"temperature {temperature:g}"
+    lines = [f"{model} on {data}: {summary.get('problems', 0):.0f} problems × {n} sample{'s' if n != 1 else ''} "
+             f"({sampling}), {summary.get('elapsed_s', 0.0):.0f} s"]
+
+    def row(label: str, value: float, note: str) -> None:
+        lines.append(f"  {label:<16} {100 * value:5.1f} %  {note}")
+
+    row(f"avg@{n}", summary.get(f"avg@{n}", 0.0), "mean share of correct responses")
+    for k in sorted(int(key[5:]) for key in summary if key.startswith("pass@")):
+        by = "1 response" if k == 1 else f"at least one of {k} responses"
+        row(f"pass@{k}", summary[f"pass@{k}"], f"a problem solved by {by} (unbiased estimate)")
+    if "length_frac" in summary:
+        row("truncated", summary["length_frac"], f"of the responses hit --max-new-tokens {max_new_tokens} (mean length "
+            f"{summary.get('response_tokens_mean', 0.0):.0f} tokens)")
+    if "verifier_error_frac" in summary:
+        row("verifier errors", summary["verifier_error_frac"], "of the responses could not be verified (timeout, "
+            "unparseable answer): counted wrong")
+    if out:
+        lines.append(f"per-problem results: {out}")
+    return "\n".join(lines)
+
+
 def write_jsonl(path: str | Path, results: Sequence[ProblemResult]) -> Path:
     """Write one JSON object per problem to ``path`` atomically (tmp file + fsync + ``os.replace``)."""
     p = Path(path)
@@ -177,7 +217,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
         raise ValueError(f"{data}: no problems to evaluate")
     lm = load_model(model_cfg)
     engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences,
-                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop))
+                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop),
+                             behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=lm.autocast_dtype)
     chunk = max(1, max_batch_sequences // samples)
     t0 = time.perf_counter()
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

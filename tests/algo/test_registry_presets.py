@@ -44,10 +44,10 @@ EXPECTED = {
                   cross_clip_delta=0.2, cross_clip_step=0.025, kl_coef=0.001, rollout_multiplier=1,
                   cross_ratio_unit="token", cross_below_window="drop", cross_above_window="clamp"),
     "grpo": dict(share_rollouts=False, ratio_level="token", self_clip_low=0.2, self_clip_high=0.28,
-                 rollout_multiplier=1),
-    "gspo": dict(share_rollouts=False, ratio_level="sequence", self_clip_low=3e-4, self_clip_high=4e-4),
-    "isolated": dict(share_rollouts=False, ratio_level="sequence"),
-    "gspo_x2": dict(share_rollouts=False, ratio_level="sequence", rollout_multiplier=2),
+                 rollout_multiplier=1, kl_coef=0.0),
+    "gspo": dict(share_rollouts=False, ratio_level="sequence", self_clip_low=3e-4, self_clip_high=4e-4, kl_coef=0.0),
+    "isolated": dict(share_rollouts=False, ratio_level="sequence", kl_coef=0.001),
+    "gspo_x2": dict(share_rollouts=False, ratio_level="sequence", rollout_multiplier=2, kl_coef=0.0),
     "naive": dict(share_rollouts=True, capability_advantage=False, capability_gradient=False,
                   cross_objective="self", ratio_level="sequence"),
     "hacpo_no_adv": dict(capability_advantage=False, capability_gradient=True, cross_clip=True),
@@ -76,6 +76,7 @@ def test_every_recipe_name_has_a_preset():
 def test_overrides_alpha_sweep_and_errors():
     assert [AlgoConfig.preset("hacpo", alpha=a).alpha for a in (0.0, 1.0, 2.0, 3.0)] == [0.0, 1.0, 2.0, 3.0]
     assert AlgoConfig(name="grpo", self_clip_low=0.1).self_clip_low == 0.1       # explicit field wins
+    assert AlgoConfig(name="gspo", kl_coef=0.04).kl_coef == 0.04                  # a KL term only when asked
     with pytest.raises(ValueError, match="valid names: hacpo"):
         AlgoConfig.preset("ppo")
     with pytest.raises(ValidationError):

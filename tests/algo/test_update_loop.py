@@ -185,3 +185,51 @@ def test_update_on_cuda_matches_cpu(agents):
                                    learner="a", ref_model=copy.deepcopy(model).to(device))
     for key in ("loss", "src/b/s_mean", "src/c/s_mean", "src/a/s_mean"):
         assert out["cuda"][key] == pytest.approx(out["cpu"][key], rel=1e-3, abs=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["hacpo", "grpo"])
+def test_lm_head_runs_only_over_response_tokens(agents, monkeypatch, recipe):
+    """Every forward of the update (learner, reference, GRPO's old per-token pass) asks for response positions only."""
+    import hacrl_fed.algo.update as update
+
+    model, rows, ratios = agents
+    masks = []
+
+    def spy(model, input_ids, attention_mask, **kw):
+        masks.append((kw.get("score_mask"), attention_mask))
+        return token_logprobs(model, input_ids, attention_mask, **kw)
+
+    from hacrl_fed.algo.logprobs import token_logprobs
+    monkeypatch.setattr(update, "token_logprobs", spy)
+    algo = AlgoConfig.preset(recipe)
+    use = rows if algo.share_rollouts else [r for r in rows if r.is_own]
+    adv = row_advantages(use, ratios, algo, learner="a")
+    hacpo_update(model, make_optimizer(model, OptimConfig()), use, adv, ratios, algo, OptimConfig(), learner="a",
+                 ref_model=copy.deepcopy(model))
+    assert len(masks) >= 2 + (recipe == "grpo")
+    for score, attention in masks:
+        assert score is not None and score.bool().sum() < attention.bool().sum()   # prompts are never scored
+
+
+def test_bf16_autocast_update_stays_near_float32(agents):
+    """The same update under bf16 autocast: float32 weights, bf16 forwards; loss and gradient (an SGD step, so the
+    move is the gradient) close to float32. Clipping is off: the rows' behaviour sums are float32 values, and bf16
+    rounding of a ratio would move rows across a clip edge (the worker scores its rows under the same autocast)."""
+    model, rows, ratios = agents
+    algo = AlgoConfig(kl_coef=0.0, self_clip_low=0.99, self_clip_high=100.0, cross_clip=False)
+    optim = OptimConfig(lr=1e-3, mini_batch_rows=64, grad_clip=1e6)
+    adv = row_advantages(rows, ratios, algo, learner="a")
+    out = {}
+    for dtype in (None, torch.bfloat16):
+        m = copy.deepcopy(model)
+        metrics = hacpo_update(m, torch.optim.SGD(m.parameters(), lr=0.5), rows, adv, ratios, algo, optim,
+                               learner="a", autocast_dtype=dtype)
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+        out[dtype] = (metrics, flat(m) - flat(model))
+    (m32, d32), (m16, d16) = out[None], out[torch.bfloat16]
+    assert m16["loss"] == pytest.approx(m32["loss"], rel=0.05, abs=1e-3)
+    assert float(torch.nn.functional.cosine_similarity(d32, d16, dim=0)) > 0.99
+    assert m16["grad_norm"] == pytest.approx(m32["grad_norm"], rel=0.05)
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        hacpo_update(model, make_optimizer(model, optim), rows, adv, ratios, algo, optim, learner="a",
+                     autocast_dtype=torch.float64)

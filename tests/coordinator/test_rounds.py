@@ -190,3 +190,46 @@ def test_each_step_logs_one_summary_line(tmp_path, federation, caplog):
         assert f"alice trained acc {alice['accuracy']:.3f} rows 4/0" in line
         assert f"mallory rejected ({mallory['reason']}) rows 0/{mallory['rows_rejected']}" in line
         assert line.endswith(f"step {rec['timing']['step_s']:.1f} s, overhead {rec['timing']['overhead_s']:.1f} s")
+
+
+def test_report_to_tensorboard_mirrors_every_metrics_line(tmp_path, federation):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hacrl_fed.coordinator.scalars import scalars
+
+    k = federation.keys
+    setup = make_setup(tmp_path, federation, steps=2, report_to="tensorboard")
+    assert setup.run.report_to == ["tensorboard"] and RunConfig(report_to="none").report_to == []
+    run_coordinator(setup, InProcessTransport([FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"])]))
+    acc = EventAccumulator(str(setup.run_dir / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for rec in read_metrics(setup):
+        if rec["event"] != "step":
+            continue
+        for tag, value in scalars(rec):
+            assert tag in tags, tag
+            assert [e.value for e in acc.Scalars(tag) if e.step == rec["step"]] == [pytest.approx(value, rel=1e-6)]
+    assert "agents/alice/accuracy" in tags and "timing/step_s" in tags
+    assert any(t.startswith("run_start/") for t in tags)
+
+
+def test_report_to_tensorboard_without_the_package_fails_before_the_run(monkeypatch, tmp_path):
+    import importlib.util
+    import sys
+
+    from hacrl_fed.config import ConfigError
+    from hacrl_fed.coordinator.scalars import TensorBoardLog
+    from hacrl_fed.launch.preflight import check_report_to
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError, match=r'pip install "hacrl-fed\[tensorboard\]"'):
+        check_report_to(RunConfig(report_to=["tensorboard"]))
+    check_report_to(RunConfig())                         # nothing asked, nothing needed
+    for name in ("tensorboard", "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
+                 "tensorboard.summary.writer.event_file_writer"):
+        monkeypatch.setitem(sys.modules, name, None)      # as if not installed, even after an earlier import
+    with pytest.raises(RuntimeError, match="needs the tensorboard package"):
+        TensorBoardLog(tmp_path / "tb")

@@ -12,6 +12,7 @@ from hacrl_fed.cli import app
 from hacrl_fed.config import ClientConfig, ServerConfig
 from hacrl_fed.launch.client_cmd import fill_site_layout, resolve_client_config
 from hacrl_fed.launch.server_cmd import resolve_server_config
+from procs import lay_out_site
 
 runner = CliRunner()
 
@@ -89,11 +90,7 @@ def test_site_layout_fills_only_unset_paths_that_exist(tmp_path):
 @pytest.fixture
 def site(tmp_path, federation, monkeypatch):
     """A site directory in the documented layout for alice: keys/, roster.toml, ca.crt."""
-    (tmp_path / "keys").mkdir()
-    for agent in ("alice", "bob"):
-        for kind in ("ed25519", "node"):
-            shutil.copy(federation.root / f"{agent}.{kind}.key", tmp_path / "keys" / f"{agent}.{kind}.key")
-    shutil.copy(federation.roster_path, tmp_path / "roster.toml")
+    lay_out_site(tmp_path, federation)
     (tmp_path / "ca.crt").write_text("not checked before the connection")
     monkeypatch.chdir(tmp_path)
     return tmp_path

@@ -15,14 +15,14 @@ import tomllib
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
 from hacrl_fed.cli import app
+from procs import MARKER, lay_out_site
+from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = "HACRL_FED_TEST_MARKER"
 runner = CliRunner()
 
 
@@ -37,17 +37,6 @@ def _listener() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-def _marked(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARKER) == marker:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 def _cli(args, *, cwd, timeout=120, marker=None, **kw):
     env = dict(os.environ, **({MARKER: marker} if marker else {}))
     return subprocess.run([sys.executable, "-m", "hacrl_fed.cli", *args], cwd=cwd, capture_output=True, text=True,
@@ -57,11 +46,7 @@ def _cli(args, *, cwd, timeout=120, marker=None, **kw):
 @pytest.fixture
 def site(tmp_path, federation, monkeypatch):
     """A site directory laid out as the client how-to says: keys/, roster.toml."""
-    (tmp_path / "keys").mkdir()
-    for agent in ("alice", "bob"):
-        for kind in ("ed25519", "node"):
-            shutil.copy(federation.root / f"{agent}.{kind}.key", tmp_path / "keys" / f"{agent}.{kind}.key")
-    shutil.copy(federation.roster_path, tmp_path / "roster.toml")
+    lay_out_site(tmp_path, federation)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -216,6 +201,21 @@ def test_a_wrong_model_name_in_simulate_fails_before_any_worker_starts(tmp_path)
     lines = _error_lines(result.stderr)
     assert len(lines) == 1 and "agents[1].model.name_or_path (gemma-unigram): no such model" in lines[0]
     assert "./models/no-such-model" in lines[0] and not (tmp_path / "runs").exists()
+
+
+def test_an_unloadable_reward_function_in_simulate_fails_before_any_worker_starts(tmp_path):
+    text = (ROOT / "examples" / "tiny.toml").read_text(encoding="utf-8")
+    text = text.replace('[[agents]]\nname = "gemma-unigram"',
+                        '[[agents]]\nname = "gemma-unigram"\nreward_funcs = [{ name = "site_rewards:missing" }]')
+    assert "site_rewards" in text
+    (tmp_path / "tiny.toml").write_text(text, encoding="utf-8")
+    result = runner.invoke(app, ["simulate", "--config", str(tmp_path / "tiny.toml"), "--no-progress",
+                                 "--output-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and "agents[1].reward_funcs (gemma-unigram): reward function 'site_rewards:missing'" \
+        in lines[0] and "cannot import site_rewards" in lines[0]
+    assert not (tmp_path / "runs").exists()
 
 
 def test_server_with_a_missing_data_file_fails_before_anything_starts(tmp_path, federation):

@@ -18,28 +18,16 @@ import tomllib
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hacrl_fed.config import ConfigError, SimulateConfig, load_config
 from hacrl_fed.launch.simulate import default_config, prepare_run, worker_env
 from hacrl_fed.protocol.keys import Roster, load_signing_key, public_key_b64
+from procs import MARKER
+from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.toml"
-MARKER = "HACRL_FED_TEST_MARKER"
-
-
-def _marked(marker: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose environment carries ``MARKER=marker``."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(MARKER) == marker:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 def _assert_no_leftovers(marker: str, patience_s: float = 20.0) -> None:
@@ -102,6 +90,9 @@ def test_tiny_simulation_end_to_end(tmp_path):
     md = (run_dir / "report.md").read_text()
     assert all(n in md for n in names) and "plot.png" in md
     assert "held-out accuracy" in output and str(run_dir / "report.md") in output
+    assert "disk: this run will write ≈ " in output and "exported models" in output
+    for name in names:                                   # the workers' status files, last phase after the export
+        assert json.loads((run_dir / name / "status.json").read_text())["phase"] == "idle"
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

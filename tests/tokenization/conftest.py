@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacrl_fed.worker.tiny import TINY_KINDS, build_tiny_model
+from hacrl_fed.tiny_models import TINY_KINDS, build_tiny_model
 
 
 @pytest.fixture(scope="session")

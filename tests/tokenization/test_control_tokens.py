@@ -122,3 +122,37 @@ def test_real_tokenizers_own_template_markers_and_mixtures(real_tokenizer):
         assert_clean(tok, text, exact=bool(text))
     for _ in range(200):
         assert_clean(tok, "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 12))), exact=False)
+
+
+@pytest.mark.parametrize("kind", ["tiny-gemma-unigram", "tiny-llama-bpe"])
+@pytest.mark.parametrize("template", ["auto", "plain"])
+@pytest.mark.parametrize("text", CONTROL_TEXTS)
+def test_a_plan_problem_cannot_write_the_learners_template_markers(tokenizers, kind, template, text):
+    """The problem text comes from the coordinator's plan: rendered with ``literal``, it adds no control id to
+    the prompt (the template's own markers are all there is), and it still reads back as written."""
+    from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.tokenization.views import encode_response_text
+
+    tok = tokenizers[kind]
+    literal = lambda s: encode_response_text(tok, s)  # noqa: E731
+    control = control_set(tok)
+    clean = render_prompt(tok, "x", system_prompt="Be brief.", template=template, literal=literal)
+    hostile = render_prompt(tok, text, system_prompt="Be brief.", template=template, literal=literal)
+    assert [i for i in hostile if i in control] == [i for i in clean if i in control]
+    assert text in tok.decode(hostile)
+    unguarded = render_prompt(tok, text, system_prompt="Be brief.", template=template)
+    if any(i in control for i in tok(text, add_special_tokens=False).input_ids):
+        assert [i for i in unguarded if i in control] != [i for i in clean if i in control]  # what it prevents
+
+
+@pytest.mark.parametrize("kind", ["tiny-gemma-unigram", "tiny-llama-bpe"])
+@pytest.mark.parametrize("template", ["auto", "plain"])
+def test_an_honest_problem_gets_the_ids_of_the_whole_rendering(tokenizers, kind, template):
+    from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.tokenization.views import encode_response_text
+
+    tok = tokenizers[kind]
+    problem = "What is 3 + 4? Give the answer as \\boxed{N}."
+    guarded = render_prompt(tok, problem, system_prompt="", template=template,
+                            literal=lambda s: encode_response_text(tok, s))
+    assert guarded == render_prompt(tok, problem, system_prompt="", template=template)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -127,9 +128,11 @@ def _train(worker, plan, make_table, peer_envs=()):
                                          envelopes=[env, *peer_envs], capabilities=table))
 
 
-def test_resume_gives_bit_identical_next_step(make_sites, plans):
+@pytest.mark.parametrize("schedule", [{}, {"lr_scheduler_type": "cosine", "schedule_steps": 3}],
+                         ids=["constant", "cosine"])
+def test_resume_gives_bit_identical_next_step(make_sites, plans, schedule):
     make_plan, make_table = plans
-    sites = make_sites(KINDS, optim=OptimConfig(lr=1e-3, mini_batch_rows=4, seed=0))
+    sites = make_sites(KINDS, optim=OptimConfig(lr=1e-3, mini_batch_rows=4, seed=0, **schedule))
     alice, bob = sites.start("alice"), sites.start("bob")
     p1, p2 = make_plan(1), make_plan(2)
     _train(alice, p1, make_table, [bob.generate(p1).envelope])
@@ -147,3 +150,8 @@ def test_resume_gives_bit_identical_next_step(make_sites, plans):
     for a, b in zip(again.per_source, reference.per_source):
         assert dict(a.metrics) == dict(b.metrics)
     assert resumed.health().model_fingerprint == alice.health().model_fingerprint   # same weights, bit for bit
+    # the schedule continues from the restored step number (the optimizer state holds step 1's lr)
+    m = int(again.metrics["updates"])                     # step 2's updates sit at s = 1 + k / m
+    assert m > 1
+    expected = 1e-3 if not schedule else sum(1e-3 * 0.5 * (1 + math.cos(math.pi * (1 + k / m) / 3)) for k in range(m)) / m
+    assert again.metrics["lr"] == pytest.approx(expected, rel=1e-9)

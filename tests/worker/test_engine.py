@@ -152,3 +152,67 @@ def test_per_token_behaviour_logprobs_and_eos_logprob(load_tiny, render_prompts,
             assert s.eos_logprob == pytest.approx(s.logprob_sum - body, abs=1e-3)
         else:
             assert s.eos_logprob is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generation_pass_logprobs_equal_teacher_forced(load_tiny, render_prompts, kind):
+    """Same samples, same per-token values from the sampling pass and from a second forward — with top-k /
+    top-p truncation (which changes what is sampled, not the untruncated log-prob) and a stop-string cut
+    (whose appended EOS was never sampled)."""
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0.7, top_p=0.8, top_k=7, max_new_tokens=16)
+    probe = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 2, sp, seed=4)
+    stop = next(s.text[3:5] for s in probe if len(s.text) > 8 and s.text[3:5].strip())
+    gen = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop])
+    forced = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop], behaviour_logprobs="teacher_forced")
+    a, b = gen.generate(prompts, 2, sp, seed=4), forced.generate(prompts, 2, sp, seed=4)
+    assert any(stop in s.text for s in probe), "test needs a stop-string cut"
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]
+    for x, y in zip(a, b):
+        assert len(x.token_logprobs) == len(y.token_logprobs) == x.token_count
+        assert x.token_logprobs == pytest.approx(y.token_logprobs, abs=2e-5)
+        assert x.logprob_sum == pytest.approx(y.logprob_sum, abs=1e-4)
+        assert x.eos_logprob == pytest.approx(y.eos_logprob, abs=2e-5) if y.eos_logprob is not None else x.eos_logprob is None
+
+
+def test_row_logprobs_reads_prefixes_and_refuses_the_rest():
+    from hacrl_fed.worker.engine import _row_logprobs
+
+    generated, sampled, eos = [5, 6, 7, 9], [-1.0, -2.0, -3.0, -4.0], [-10.0, -20.0, -30.0, -40.0]
+    assert _row_logprobs(generated, [5, 6, 7], sampled, eos, eos_id=9) == (-1.0, -2.0, -3.0)
+    assert _row_logprobs(generated, [5, 6, 9], sampled, eos, eos_id=9) == (-1.0, -2.0, -30.0)   # cut + EOS
+    assert _row_logprobs(generated, [5, 8, 7], sampled, eos, eos_id=9) is None                  # not sampled
+
+
+def test_engine_options_are_checked(load_tiny):
+    lm = load_tiny("tiny-llama-bpe")
+    assert HFRolloutEngine(lm.model, lm.tokenizer).behaviour_logprobs == "generation"            # float32: auto
+    assert HFRolloutEngine(lm.model, lm.tokenizer, autocast_dtype=torch.bfloat16).behaviour_logprobs == "teacher_forced"
+    with pytest.raises(ValueError, match="behaviour_logprobs must be one of auto, generation, teacher_forced"):
+        HFRolloutEngine(lm.model, lm.tokenizer, behaviour_logprobs="vllm")
+    with pytest.raises(ValueError, match="autocast dtype"):
+        HFRolloutEngine(lm.model, lm.tokenizer, autocast_dtype=torch.float64)
+
+
+def test_capture_keeps_one_step_of_logits():
+    """The capture records [B] values per step and keeps a single [B, V] log-softmax, whatever the length."""
+    from hacrl_fed.worker.engine import _SampledTokenLogprobs
+
+    B, V, width = 3, 50, 4
+    cap = _SampledTokenLogprobs(temperature=0.5, eos_id=7, prompt_width=width)
+    ids = torch.zeros((B, width), dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    steps = []
+    for _ in range(5):
+        scores = torch.randn((B, V), generator=g)
+        assert cap(ids, scores) is scores                                   # logits pass through untouched
+        steps.append(torch.log_softmax(scores / 0.5, -1))
+        ids = torch.cat([ids, torch.randint(0, V, (B, 1), generator=g)], dim=1)
+    sampled, eos = cap.result(ids[:, width:])
+    want = torch.stack([s.gather(1, ids[:, width + t:width + t + 1]).squeeze(1) for t, s in enumerate(steps)], 1)
+    torch.testing.assert_close(sampled, want)
+    torch.testing.assert_close(eos, torch.stack([s[:, 7] for s in steps], 1))
+    assert all(t.untyped_storage().nbytes() == B * 4 for t in cap._eos + cap._sampled)
+    with pytest.raises(RuntimeError, match="out of step"):
+        cap(ids[:, :2], torch.zeros((B, V)))

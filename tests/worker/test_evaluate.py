@@ -47,7 +47,7 @@ def test_eval_command_on_gsm8k_rows(tmp_path, model_cache, monkeypatch):
     monkeypatch.setenv("HACRL_FED_CACHE", model_cache)
     out = tmp_path / "res" / "results.jsonl"
     result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", str(GSM8K_TEST), "--limit", "20",
-                                      "--samples", "2", "--max-new-tokens", "8", "--out", str(out)])
+                                      "--samples", "2", "--max-new-tokens", "8", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["problems"] == 20 and 0.0 <= summary["avg@2"] <= summary["pass@2"] <= 1.0
@@ -59,6 +59,23 @@ def test_eval_command_on_gsm8k_rows(tmp_path, model_cache, monkeypatch):
         assert set(r["verdicts"]) <= {"correct", "incorrect", "verifier_error"}
         assert all(1 <= t <= 8 for t in r["response_tokens"])
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]   # no temp files left
+
+
+def test_eval_command_prints_a_readable_summary(tmp_path, model_cache, monkeypatch):
+    monkeypatch.setenv("HACRL_FED_CACHE", model_cache)
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(3)))
+    result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", str(data), "--samples", "2",
+                                      "--max-new-tokens", "4", "--out", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("tiny-llama-bpe on "))
+    assert lines[head].endswith(" s") and "3 problems × 2 samples (temperature 1)" in lines[head]
+    labels = [line.split()[0] for line in lines[head + 1:-1]]
+    assert labels == ["avg@2", "pass@1", "pass@2", "truncated", "verifier"]
+    assert "hit --max-new-tokens 4" in lines[head + 4] and lines[-1] == f"per-problem results: {tmp_path / 'r.jsonl'}"
+    assert not any(line.startswith("{") for line in lines)
 
 
 def test_eval_command_errors(tmp_path):

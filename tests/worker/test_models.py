@@ -34,6 +34,17 @@ def test_fingerprint_tracks_every_weight(load_tiny):
     assert model_fingerprint(lm.model) != before
 
 
+def test_lineage_fingerprint_chains_parent_and_update():
+    from hacrl_fed.worker.models import lineage_fingerprint
+
+    a = lineage_fingerprint("sha256:ab", b"step 1")
+    assert a == lineage_fingerprint("sha256:ab", b"step 1") and a.startswith("lineage:") and len(a) == 72
+    assert len({a, lineage_fingerprint("sha256:ac", b"step 1"), lineage_fingerprint("sha256:ab", b"step 2")}) == 3
+    assert lineage_fingerprint(a, b"step 2") != lineage_fingerprint("sha256:ab", b"step 2")
+    with pytest.raises(ValueError, match="parent"):
+        lineage_fingerprint("", b"x")
+
+
 def test_paths_hub_ids_and_gguf_files(model_cache, tmp_path, monkeypatch):
     tiny = resolve_model_source("tiny-gemma-unigram", cache_dir=model_cache)
     assert resolve_model_source(tiny.path).path == tiny.path

@@ -187,3 +187,135 @@ def test_published_eos_logprobs_and_truncated_foreign_rows(make_sites, plans):
     assert src.get("bob", {}).get("rows", 0.0) == len(bob_rows) - long
     # own rows longer than the cap are kept, their behaviour sums re-summed over the kept prefix: s = 1
     assert src["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("update_mode", ["train", "eval"])
+def test_update_runs_in_the_configured_module_mode(make_sites, plans, update_mode):
+    from hacrl_fed.config import OptimConfig
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": KINDS["alice"]}, optim=OptimConfig(lr=1e-3, mini_batch_rows=8, seed=0,
+                                                                    update_mode=update_mode))
+    alice = sites.start("alice")
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    modes: list[bool] = []
+    hook = alice.model.model.register_forward_pre_hook(lambda m, _: modes.append(m.training))
+    fixes = [("alice", r.prompt_id, r.sample_index, 1.0) for r in pb.RolloutBatch.FromString(env.payload).rollouts
+             if r.sample_index == 0]
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env],
+                                          capabilities=make_table(plan, {"alice": 0.5}, corrections=fixes)))
+    hook.remove()
+    assert modes and set(modes) == {update_mode == "train"}
+    assert not alice.model.training                       # generation and evaluation stay in eval mode
+    # the tiny models have no dropout: an own row's ratio is 1 in either mode
+    assert _per_source(report)["alice"]["s_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert report.metrics["entropy"] > 0 and report.metrics["lr"] == 1e-3
+
+
+def test_weighted_rewards_are_computed_by_the_learner_for_every_row(make_sites, plans, tmp_path, monkeypatch):
+    from hacrl_fed.config import RewardFuncConfig
+
+    (tmp_path / "site_shaping.py").write_text(
+        "def length_bucket(prompts, completions, source_agent, **kw):\n"
+        "    return [float(len(c) % 3) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    make_plan, make_table = plans
+    funcs = [RewardFuncConfig(name="accuracy"), RewardFuncConfig(name="site_shaping:length_bucket", weight=0.25)]
+    sites = make_sites(KINDS, reward_funcs=funcs, screens=ScreenConfig(reverify=False))  # trains the corrections
+    alice, bob = sites.start("alice"), sites.start("bob")
+    plan = make_plan(1)
+    env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope
+    fixes = _corrections(env_b, "bob", every=2)
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env_a, env_b],
+                                          capabilities=make_table(plan, {"alice": 0.5, "bob": 0.5}, corrections=fixes)))
+    batch_b = pb.RolloutBatch.FromString(env_b.payload)
+    assert all(r.reward in (0.0, 1.0) for r in batch_b.rollouts)     # the wire carries the accuracy alone
+    fixed = {(pid, idx) for _, pid, idx, _ in fixes}
+    accuracy = [1.0 if (r.prompt_id, r.sample_index) in fixed else r.reward for r in batch_b.rollouts]
+    shaped = [a + 0.25 * (len(r.response_text) % 3) for a, r in zip(accuracy, batch_b.rollouts)]
+    assert _per_source(report)["bob"]["reward_mean"] == pytest.approx(sum(shaped) / len(shaped))
+    assert "reward/length_bucket_mean" in report.metrics and "reward/accuracy_mean" in report.metrics
+
+
+def test_kl_free_presets_build_no_reference_model(make_sites):
+    """gspo / grpo / gspo_x2 have no KL term (kl_coef 0): no frozen copy, no reference forward; hacpo keeps its own."""
+    sites = make_sites({"alice": "tiny-llama-bpe", "bob": "tiny-llama-bpe", "carol": "tiny-llama-bpe"})
+    sites.cfg["alice"].algo = AlgoConfig.preset("gspo")
+    sites.cfg["bob"].algo = AlgoConfig.preset("hacpo")
+    sites.cfg["carol"].algo = AlgoConfig.preset("gspo", kl_coef=0.01)
+    alice, bob, carol = sites.start("alice"), sites.start("bob"), sites.start("carol")
+    assert alice.trainer.ref_model is None
+    for worker in (bob, carol):
+        ref = worker.trainer.ref_model
+        assert ref is not None and ref is not worker.model and not any(p.requires_grad for p in ref.parameters())
+
+
+@pytest.mark.parametrize(("mode", "autocast", "used"), [("generation", "none", "generation"),
+                                                       ("teacher_forced", "none", "teacher_forced"),
+                                                       ("auto", "bfloat16", "teacher_forced")])
+@pytest.mark.parametrize(("kind", "recipe"), [("tiny-llama-bpe", "hacpo"), ("tiny-gemma-unigram", "gspo")])
+def test_own_rows_are_on_policy_at_the_first_update(make_sites, plans, mode, autocast, used, kind, recipe):
+    """Whichever pass gave the behaviour log-probs (under bf16 autocast: ``auto`` = the trainer's layout), the
+    trainer's first forward reproduces them: every own row's sequence ratio s is 1 up to float rounding before
+    the first optimizer step (all rows in one update). Measured under bf16 autocast the generation pass is off
+    by up to 2.6e-4 in s here, close to GSPO's 3e-4 clip: why ``auto`` does not use it there."""
+    from hacrl_fed.config import OptimConfig
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": kind}, model_kw={"behaviour_logprobs": mode, "autocast": autocast},
+                       optim=OptimConfig(lr=1e-3, mini_batch_rows=64, seed=0))
+    sites.cfg["alice"].algo = AlgoConfig.preset(recipe)
+    alice = sites.start("alice")
+    assert alice.engine.behaviour_logprobs == used
+    plan = make_plan(1, max_new_tokens=16)
+    env = alice.generate(plan).envelope
+    table = make_table(plan, {"alice": 0.5}, corrections=_corrections(env, "alice"))
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env], capabilities=table))
+    own = _per_source(report)["alice"]
+    assert report.metrics["updates"] == 1 and own["rows"] == 6 and own["grad_frac"] > 0
+    assert abs(own["s_min"] - 1) < 1e-5 and abs(own["s_max"] - 1) < 1e-5
+
+
+def test_fingerprint_is_chained_per_step_not_rehashed(make_sites, plans, monkeypatch, tmp_path):
+    """A training step publishes lineage(previous, update) without hashing a weight (a resumed worker publishes
+    the same value: tests/worker/test_checkpoint.py); a checkpoint records the content hash (for the resume check)
+    beside the published value; a refused train keeps it; one that fails mid-way falls back to hashing the weights."""
+    import json
+    from pathlib import Path
+
+    import hacrl_fed.worker.agent as agent_mod
+    from hacrl_fed.worker.models import model_fingerprint
+
+    make_plan, make_table = plans
+    alice = make_sites({"alice": "tiny-llama-bpe"}).start("alice")
+    start = alice.health().model_fingerprint
+    assert start == model_fingerprint(alice.model)                       # content hash at load
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    table = make_table(plan, {"alice": 0.5}, corrections=_corrections(env, "alice"))
+    req = wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env], capabilities=table)
+    with monkeypatch.context() as m:
+        calls = []
+        m.setattr(agent_mod, "model_fingerprint", lambda model: calls.append(model) or "sha256:never")
+        alice.train(req)
+        assert calls == []                                               # nothing re-hashed per step
+    published = alice.health().model_fingerprint
+    assert published.startswith("lineage:") and published != start
+    with pytest.raises(PreconditionError):
+        alice.train(req)                                                 # refused: no own rollouts of step 1 left
+    assert alice.health().model_fingerprint == published
+    plan2 = make_plan(2)
+    assert pb.RolloutBatch.FromString(alice.generate(plan2).envelope.payload).model_fingerprint == published
+
+    saved = alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE, path=str(tmp_path / "ck")))
+    meta = json.loads((Path(saved.path) / "state.json").read_text())
+    assert meta["fingerprint"] == model_fingerprint(alice.model) != published
+    assert meta["extra"]["published_fingerprint"] == published == alice.health().model_fingerprint
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(alice.trainer, "train_step", broken)
+    with pytest.raises(RuntimeError):
+        alice.train(wpb.TrainRequest(run_id="run-a", step=2, plan=plan2, envelopes=[env], capabilities=table))
+    assert alice.health().model_fingerprint == model_fingerprint(alice.model)

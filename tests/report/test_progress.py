@@ -1,0 +1,56 @@
+"""The live view of `hacrl-fed simulate`: one line per agent from its worker's status, and the disk estimate."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from hacrl_fed.launch.simulate import default_config
+from hacrl_fed.report.progress import SimulationView, agent_line, disk_line
+
+
+def test_agent_lines_say_what_each_worker_does():
+    t = 1000.0
+    assert agent_line("gemma3", {"phase": "loading", "model": "gemma3-270m", "device": "cpu", "since": t - 95}, t) \
+        == "gemma3: loading gemma3-270m on cpu · 95 s"
+    assert agent_line("a", {"phase": "generating", "step": 2, "rollouts": 8, "tokens": 212, "tokens_per_s": 11.94,
+                            "since": t - 18}, t) == "a: generating step 2 (8 rollouts) — 212 tokens, 11.9 tokens/s · 18 s"
+    assert agent_line("a", {"phase": "training", "step": 2, "update": 1, "updates": 3, "since": t}, t) \
+        == "a: training step 2 — mini-batch 1/3 · 0 s"
+    assert agent_line("a", {"phase": "evaluating", "step": 3, "problems": 16, "since": t}, t).startswith(
+        "a: evaluating the model of step 3 (16 problems)")
+    assert agent_line("a", {"phase": "idle", "step": 1, "since": t - 4}, t) \
+        == "a: waiting for the coordinator (last step trained: 1) · 4 s"
+
+
+def test_disk_estimate_of_the_default_run():
+    cfg = default_config()                                  # checkpoint_every = 0: the exports alone
+    disk = {"smollm2": {"export": 538_000_000, "checkpoint": 1_614_000_000},
+            "gemma3": {"export": 1_072_000_000, "checkpoint": 3_216_000_000}}
+    line = disk_line(cfg, disk)
+    assert line.startswith("disk: this run will write ≈ 1.5 GiB: exported models 1.5 GiB")
+    assert "smollm2 513 MiB" in line and "no checkpoints (run.checkpoint_every = 0)" in line
+    cfg.run.checkpoint_every = 2                            # 3 steps: checkpoints after step 2 and at the end
+    assert "checkpoints 9.0 GiB (2 kept per agent, every 2 step(s))" in disk_line(cfg, disk)
+
+
+def test_view_shows_status_lines_and_prints_the_disk_once_loaded(tmp_path):
+    out = io.StringIO()
+    cfg = default_config()
+    with SimulationView(cfg, tmp_path, console=Console(file=out, width=200), enabled=False) as view:
+        view.loading("smollm2", "cpu", "smollm2-135m-instruct")
+        view.status("smollm2", {"phase": "generating", "step": 1, "rollouts": 8, "tokens": 40,
+                                "tokens_per_s": 10.0, "since": 0, "disk": {"export": 1024, "checkpoint": 0}})
+        task = view.progress.tasks[0]
+        assert task.description.startswith("smollm2: generating step 1 (8 rollouts) — 40 tokens")
+        view.disk()
+    assert "disk: this run will write ≈ 1.0 KiB" in out.getvalue()
+
+
+def test_an_exported_agent_line_is_done(tmp_path):
+    view = SimulationView(default_config(), tmp_path, console=Console(file=io.StringIO()), enabled=False)
+    view.loading("gemma3", "cpu", "gemma3-270m")
+    view.exported("gemma3", str(tmp_path / "export"))
+    (task,) = view.progress.tasks
+    assert task.finished and task.description == "gemma3: done, model exported"
