@@ -103,6 +103,45 @@ def poison_batch(batch, plan, variant: str, *, oracle: bool):
     return out, n
 
 
+def build_plan(attack, *, seed: int, step: int, problems=None):
+    """The RoundPlan of ``step`` in seed ``seed``'s run (``problems``: that step's batch of the seeded sampler;
+    None draws it from a fresh sampler)."""
+    from hacrl_fed.coordinator.phases import build_round_plan
+    from hacrl_fed.data.sampler import PromptSampler
+
+    run = attack.cfg.run
+    if problems is None:
+        sampler = PromptSampler(attack.fed.train_problems, run.prompts_per_step, seed=seed)
+        for _ in range(step):
+            problems = sampler.next_batch()
+    return build_round_plan(run_id=f"poison-s{seed}", step=step, problems=problems,
+                            samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=seed,
+                            deadline_unix_s=time.time() + 7200)
+
+
+def rescore_batch(worker, batch, plan) -> None:
+    """Give every rollout of ``batch`` the behaviour log-prob ``worker``'s own model assigns its (rewritten) text,
+    teacher-forced, as an honest site reports for text it generated: Σ over the re-encoded response ids (the
+    terminal EOS included for a stopped response, its term in ``behaviour_eos_logprob``) and their count. The
+    strongest attacker of this benchmark: its rows look exactly like a site's own generations, so the victim's
+    ratio s stays ≈ 1 (the attacker is a copy of the victim) and the clip window does not stop them."""
+    from hacrl_fed.tokenization.views import foreign_row
+    from hacrl_fed.v1 import rollout_pb2 as pb
+
+    prompts = worker._render(plan.prompts)
+    tr = worker.trainer
+    rows = [foreign_row(worker.tokenizer, prompts[r.prompt_id], r, worker.name, 10**6,
+                        separator=tr.response_separator) for r in batch.rollouts]
+    scored = worker.engine.score([row.prompt_ids for row in rows], [row.response_ids for row in rows],
+                                 temperature=plan.sampling.temperature or 1.0)
+    for r, row, (total, count, per_token) in zip(batch.rollouts, rows, scored):
+        r.behaviour_logprob_sum, r.behaviour_token_count = total, count
+        if r.finish_reason == pb.STOP and per_token:
+            r.behaviour_eos_logprob = per_token[-1]
+        else:
+            r.ClearField("behaviour_eos_logprob")
+
+
 class Attack:
     """The federation of one benchmark: victim, malicious site, honest peers; cached frozen generations."""
 
@@ -135,10 +174,10 @@ class Attack:
         return batch, gen_s
 
     def run_cell(self, *, variant: str, screens: bool, seed: int, steps: int, oracle: bool,
-                 eval_items, eval_tokens: int) -> dict:
+                 eval_items, eval_tokens: int, rescore: bool = False) -> dict:
         from hacrl_fed.algo.capability import CapabilityTracker
         from hacrl_fed.algo.screens import ScreenConfig
-        from hacrl_fed.coordinator.phases import build_round_plan, capability_table, reverify
+        from hacrl_fed.coordinator.phases import capability_table, reverify
         from hacrl_fed.data.sampler import PromptSampler
         from hacrl_fed.protocol.envelope import sign_batch
         from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
@@ -158,9 +197,7 @@ class Attack:
         per_step = []
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
-            plan = build_round_plan(run_id=run_id, step=step, problems=sampler.next_batch(),
-                                    samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=seed,
-                                    deadline_unix_s=time.time() + 7200)
+            plan = build_plan(self, seed=seed, step=step, problems=sampler.next_batch())
             t = time.perf_counter()
             envelopes = {self.victim: victim.generate(plan).envelope}
             gen_s = {self.victim: time.perf_counter() - t}
@@ -169,6 +206,8 @@ class Attack:
                 batch, gen_s[name] = self._frozen_batch(name, plan, seed)
                 if name == ATTACKER:
                     batch, poisoned = poison_batch(batch, plan, variant, oracle=oracle)
+                    if rescore:
+                        rescore_batch(fed.workers[ATTACKER], batch, plan)
                 w = fed.workers[name]
                 envelopes[name] = sign_batch(batch, w.key, w.name)
             accepted, rejected = [], {}
@@ -201,6 +240,7 @@ class Attack:
         after = evaluate(victim, fed.verifier, eval_items, eval_tokens, seed)
         propensity = payload_logprob(victim, eval_items, after, marker(variant))
         return {"variant": variant, "screens": screens, "seed": seed, "steps": steps, "oracle": oracle,
+                "attacker_logprobs": "rescored" if rescore else "scaled",
                 "train_s": t1 - t0, "eval_s": time.perf_counter() - t1, "after": after, "per_step": per_step,
                 "payload_logprob": propensity,
                 "guard": victim.trainer.guard.state_dict()}
@@ -286,7 +326,8 @@ def summarize(out: Path) -> str:
     honest = ", ".join(f"{a} ({meta['models'][a]})" for a in meta["honest"])
     lines = ["# Poisoned-rollout attack benchmark", "", f"Command: `{meta['command']}`", "",
              f"Victim {meta['victim']} ({meta['models'][meta['victim']]}), malicious site {ATTACKER} (a copy of the "
-             f"victim's model{', oracle answers' if meta['oracle'] else ''}), honest peers "
+             f"victim's model{', oracle answers' if meta['oracle'] else ''}; behaviour log-probs "
+             f"{meta.get('attacker_logprobs', 'scaled')}), honest peers "
              f"{honest}; {meta['steps']} steps of "
              f"B = {meta['prompts_per_step']} × G = {meta['samples_per_prompt']}; payload `{PAYLOAD}`; "
              f"emission = share of {meta['eval_size']} held-out greedy responses containing the payload "
@@ -339,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-size", type=int, default=32)
     parser.add_argument("--oracle", action="store_true", help="the malicious site answers every prompt correctly")
     parser.add_argument("--lr", type=float, help="the victim's learning rate (default: the config's)")
+    parser.add_argument("--attacker-logprobs", choices=("scaled", "rescored"), default="scaled",
+                        help="the behaviour log-prob the malicious site reports: its generated text's, scaled to "
+                             "the rewritten bytes (scaled), or its model's teacher-forced log-prob of the rewritten "
+                             "text, as an honest site reports (rescored: the strongest attacker)")
     parser.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells (0: all)")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path, required=True)
@@ -377,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": command, "pair": pair, "victim": attack.victim, "honest": attack.honest, "steps": args.steps,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
             "eval_size": args.eval_size, "oracle": args.oracle, "lr": cfg.agents[0].optim.lr,
+            "attacker_logprobs": args.attacker_logprobs,
             "models": {a.name: a.model.name_or_path for a in attack.cfg.agents}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     eval_tokens = cfg.run.sampling.max_new_tokens
@@ -406,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                         return 0
                     print(f"[{path.stem}]", flush=True)
                     rec = attack.run_cell(variant=variant, screens=on, seed=seed, steps=args.steps,
-                                          oracle=args.oracle, eval_items=items, eval_tokens=eval_tokens)
+                                          oracle=args.oracle, eval_items=items, eval_tokens=eval_tokens,
+                                          rescore=args.attacker_logprobs == "rescored")
                     path.write_text(json.dumps(rec, indent=1))
                     done += 1
                     print(f"[{path.stem}] emission {100 * emission(rec['after'], variant):.1f} %, "

@@ -59,3 +59,30 @@ def test_payload_rows_reach_the_gradient_only_without_screens(attack):
     assert cells[False]["per_step"][0]["generate_s"][ap.ATTACKER] == cells[True]["per_step"][0]["generate_s"][ap.ATTACKER]
     assert set(cells[True]["after"]) == {p.id for p in items} and 0.0 <= ap.emission(cells[True]["after"], "tail") <= 1
     assert all(cells[k]["payload_logprob"] < 0 for k in cells)
+
+
+def test_a_rescoring_attacker_reports_the_victims_own_logprobs(attack):
+    """The strongest attacker (``--attacker-logprobs rescored``) reports its model's teacher-forced log-prob of the
+    rewritten text: a copy of the victim's weights, so before the victim trains its rows are on-policy for it
+    (s = 1) and the ratio's clip window is no defence; the scaled attacker's are not."""
+    from hacrl_fed.tokenization.views import foreign_row
+
+    attack.fed.reset(optim={"seed": 0})
+    victim = attack.fed.workers[attack.victim]
+    plan = ap.build_plan(attack, seed=0, step=1)
+    batch, _ = attack._frozen_batch(ap.ATTACKER, plan, 0)
+    scaled, n = ap.poison_batch(batch, plan, "tail", oracle=True)
+    rescored, _ = ap.poison_batch(batch, plan, "tail", oracle=True)
+    ap.rescore_batch(attack.fed.workers[ap.ATTACKER], rescored, plan)
+    prompts = victim._render(plan.prompts)
+    rows = [foreign_row(victim.tokenizer, prompts[r.prompt_id], r, ap.ATTACKER, 10**6,
+                        separator=victim.trainer.response_separator) for r in rescored.rollouts]
+    own = victim.engine.score([r.prompt_ids for r in rows], [r.response_ids for r in rows])
+    assert n == len(rows) == 4
+    for r, (total, count, per_token) in zip(rescored.rollouts, own):
+        assert r.behaviour_token_count == count
+        assert r.behaviour_logprob_sum == pytest.approx(total, abs=1e-4)
+        assert r.behaviour_eos_logprob == pytest.approx(per_token[-1], abs=1e-5)
+    # the scaled attacker's sums are off by nats (the rewritten bytes at the generated text's mean rate)
+    assert max(abs(a.behaviour_logprob_sum - b.behaviour_logprob_sum)
+               for a, b in zip(scaled.rollouts, rescored.rollouts)) > 1.0
