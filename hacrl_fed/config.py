@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
+from hacrl_fed.algo.screens import ScreenConfig
 
 __all__ = [
     "AgentConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "RewardFuncConfig",
     "RunConfig",
     "SamplingConfig",
+    "ScreenConfig",
     "ServerConfig",
     "SimulateConfig",
     "VerifierConfig",
@@ -191,6 +193,9 @@ class AgentConfig(Strict):
     The learner computes every term but ``accuracy`` itself, for its own and its peers' rows alike; only the
     accuracy crosses the wire and feeds the capability P̂. With weights summing above 1, raise
     ``algo.baseline_guard`` to the largest total reward (the guard is meant for rewards in [0, 1])."""
+    screens: ScreenConfig = Field(default_factory=ScreenConfig)
+    """What this site checks in its peers' rows before training on them: its own re-verification, the likelihood
+    and answer-tail screens, per-source quarantine (:mod:`hacrl_fed.algo.screens`; on by default)."""
     private_key: str | None = None
     """Ed25519 private key file (``hacrl-fed keys gen``); generated into the run directory if unset."""
     roster: str | None = None

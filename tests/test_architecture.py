@@ -30,7 +30,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "reward": {"config"},
     "data": {"config", "reward"},
     "protocol": {"atomic", "v1"},
-    "worker": {"algo", "atomic", "config", "data", "protocol", "reward", "status", "tiny_models", "tokenization", "v1"},
+    "screens": {"algo", "reward", "v1"},
+    "worker": {"algo", "atomic", "config", "data", "protocol", "reward", "screens", "status", "tiny_models", "tokenization",
+               "v1"},
     "coordinator": {"algo", "atomic", "config", "protocol", "v1"},
     "site": {"protocol", "v1"},
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
@@ -52,6 +54,7 @@ NEVER_IN: dict[str, set[str]] = {
     "algo": {"cryptography", "google"},
     "protocol": {"torch", "transformers"},
     "coordinator": {"torch", "transformers"},
+    "screens": {"torch", "transformers"},
     "site": {"torch", "transformers"},
     "report": {"torch", "transformers"},
 }

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
     from hacrl_fed.algo.optim_config import OptimConfig
 
 
+RowGate = Callable[[Sequence[TrainingRow], Sequence[float]], Sequence[float]]
+"""``gate(rows, content_logprob_sums) -> weights``: called once per micro-batch with its rows and the learner's
+Σ log π over each row's content tokens (nats; the response without a terminal EOS; detached, from the forward
+the update computes anyway). Each foreign row's advantage is multiplied by its weight in [0, 1] (0: no
+gradient; the row still counts in the mini-batch mean, like a row clamped out of the cross window); own rows
+are always weight 1 (:mod:`hacrl_fed.algo.screens`)."""
+
+
 @dataclass(frozen=True)
 class MiniBatch:
     """One optimizer update: ``rows`` = indices into the ordered rows, ``m`` = stepwise index."""
@@ -194,10 +202,33 @@ class _Context:
     device: torch.device
     max_response_tokens: int | None = None
     autocast_dtype: torch.dtype | None = None
+    row_gate: RowGate | None = None
 
     def in_loss(self, row: TrainingRow) -> bool:
         """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
         return row.ends_with_eos or not self.algo.mask_truncated_completions
+
+
+def _gate_weights(ctx: _Context, rows: list[TrainingRow], idx: list[int], logp: Tensor,
+                  batch: dict[str, Tensor]) -> list[float]:
+    """Weight per row of the micro-batch from ``ctx.row_gate`` (1 without one; own rows always 1)."""
+    if ctx.row_gate is None:
+        return [1.0] * len(idx)
+    with torch.no_grad():
+        sums = torch.where(batch["response_mask"].bool(), logp, torch.zeros_like(logp)).sum(-1)
+        for b, i in enumerate(idx):   # content only: a terminal EOS is not part of the text
+            if rows[i].ends_with_eos:
+                sums[b] -= logp[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1]
+    weights = list(ctx.row_gate([rows[i] for i in idx], sums.tolist()))
+    if len(weights) != len(idx):
+        raise ValueError(f"row_gate returned {len(weights)} weights for {len(idx)} rows")
+    out = []
+    for i, w in zip(idx, weights):
+        w = float(w)
+        if not (math.isfinite(w) and 0.0 <= w <= 1.0):
+            raise ValueError(f"row_gate weight {w!r} is not in [0, 1]")
+        out.append(1.0 if rows[i].is_own else w)
+    return out
 
 
 def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
@@ -246,6 +277,7 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: l
     # mean token entropy of the policy on the trained tokens (TRL's ``entropy``), from the same logits
     stats.entropy_sum += float(entropy[trained].double().sum())
     stats.entropy_tokens += int(trained.sum())
+    weights = _gate_weights(ctx, rows, idx, logp, batch)
     ref = None
     if ctx.ref_model is not None and bool(is_own.any()):
         with torch.no_grad():
@@ -267,7 +299,7 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: l
             ratio_mask[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1] = False
     source = [rows[i].ratio_source for i in idx]
     inputs = LossInputs(
-        token_logprobs=logp, response_mask=resp, advantages=col([adv[i] for i in idx]),
+        token_logprobs=logp, response_mask=resp, advantages=col([adv[i] * w for i, w in zip(idx, weights)]),
         old_logprob_sum=col([total for total, _ in source], torch.float64),
         old_token_count=col([count for _, count in source]), is_own=is_own,
         capability_ratio=col([ratio[i] for i in idx]), update_index=mb.m, old_token_logprobs=old_tok_t,
@@ -319,7 +351,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
                  temperature: float = 1.0, pad_id: int | None = None,
                  source_rotation: int = 0, step: int | None = None, max_response_tokens: int | None = None,
                  on_update: Callable[[int, int], None] | None = None,
-                 autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+                 autocast_dtype: torch.dtype | None = None,
+                 row_gate: RowGate | None = None) -> dict[str, float]:
     """Run learner ``learner``'s optimizer updates of one step on its own and foreign rows.
 
     Args:
@@ -344,6 +377,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         autocast_dtype: ``torch.bfloat16`` (or ``float16``) runs the forward passes under ``torch.autocast``
             (mixed precision; parameters, gradients, AdamW state and the loss stay in their own dtype,
             float32 normally); None (default): no autocast.
+        row_gate: optional :data:`RowGate` (the learner-side screens): scales each foreign row's advantage by
+            the weight it returns. None, or weights of 1, leave the update exactly as without it.
 
     With ``algo.ratio_level == "token"`` (GRPO) the per-token old log-probs of own rows come from one
     no-grad forward of ``model`` before the first optimizer step (the wire carries only sums).
@@ -380,7 +415,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     if autocast_dtype not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
-                   _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype)
+                   _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype,
+                   row_gate)
     stats.masked_rows = sum(not ctx.in_loss(r) for r in rows)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
     plan = plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,

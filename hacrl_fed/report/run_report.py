@@ -19,6 +19,12 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
   clamped; the cross-family rules can keep rows outside the window). ``pos_adv_rows`` /
   ``pos_adv_grad_rows``: j's rows with A > 0 for k, and those of them with a gradient.
 * ``peer_grad_frac`` (per agent): share of all peer rows over the run that reached the agent's gradient.
+* ``screens[j]``: what learner k's screens did to j's rows (:mod:`hacrl_fed.algo.screens`): ``screen_rows``
+  seen, ``screened_rows`` (cut or left out: ``screened_tail_cut`` / ``screened_tail_reject`` /
+  ``screened_length`` / ``screened_likelihood``), ``quarantined_rows`` (not trained: j quarantined),
+  ``coordinator_disagreements`` (rewards the coordinator gave that k's own verifier contradicts; k trains on
+  its own verdict), ``claim_disagreements`` (j's own reward claims k's verifier contradicts), ``standing``
+  (0 trusted, 1 down-weighted, 2 quarantined) and ``ll_per_byte`` (mean learner log-likelihood per byte).
 * ``wire_bytes``: bytes of k's orders and replies on the Flower wire in that step (both phases).
 * in ``metrics.jsonl`` (``agents.<k>.train``, the learner's raw metrics): ``entropy`` (mean token entropy of the
   policy over the trained response tokens, nats), ``lr`` (mean learning rate of the step's updates),
@@ -39,6 +45,9 @@ from typing import Any
 
 __all__ = ["build_report", "plot_report", "read_metrics", "render_markdown", "summary_table", "write_report"]
 
+_SCREEN_KEYS = ("screen_rows", "screened_rows", "screened_tail_cut", "screened_tail_reject", "screened_length",
+                "screened_likelihood", "quarantined_rows", "coordinator_disagreements", "claim_disagreements",
+                "standing", "ll_per_byte")
 _CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean", "grad_frac",
                "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")
 
@@ -69,6 +78,9 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
             "status": a.get("status"), "accuracy": a.get("accuracy"), "capability": a.get("capability"),
             "ratios": {j: m.get("capability_ratio") for j, m in sorted(per_source.items()) if j != name},
             "cross": {j: {k: m.get(k) for k in _CROSS_KEYS} for j, m in sorted(per_source.items()) if j != name},
+            "screens": {j: {k: m[k] for k in _SCREEN_KEYS if k in m} for j, m in sorted(per_source.items())
+                        if j != name and "screen_rows" in m},
+            "refused": list(a.get("train_rejected") or []),
             "cross_lower_bound_first": train.get("cross_lower_bound_first"),
             "cross_lower_bound_last": train.get("cross_lower_bound_last"),
             "zero_variance_group_frac": train.get("zero_variance_group_frac"),
@@ -255,6 +267,35 @@ def _md_steps(report: Mapping[str, Any]) -> list[str]:
     return _md_table(header, rows)
 
 
+def _md_screens(report: Mapping[str, Any]) -> list[str]:
+    """Per learner and source over the run: rows seen, screened by reason, disagreements, last standing."""
+    total: dict[tuple[str, str], dict[str, float]] = {}
+    for s in report["steps"]:
+        for k, a in s["agents"].items():
+            for j, m in (a.get("screens") or {}).items():
+                t = total.setdefault((k, j), {})
+                for key, value in m.items():
+                    if key in ("standing", "ll_per_byte"):
+                        t[key] = value
+                    elif value is not None:
+                        t[key] = t.get(key, 0.0) + value
+    if not total:
+        return []
+    standing = {0.0: "trusted", 1.0: "down-weighted", 2.0: "quarantined"}
+    rows = [[f"{j}→{k}", _f(t.get("screen_rows"), ".0f"), _f(t.get("screened_tail_cut"), ".0f"),
+             _f(t.get("screened_tail_reject"), ".0f"), _f(t.get("screened_length"), ".0f"),
+             _f(t.get("screened_likelihood"), ".0f"), _f(t.get("quarantined_rows"), ".0f"),
+             _f(t.get("coordinator_disagreements"), ".0f"), _f(t.get("claim_disagreements"), ".0f"),
+             standing.get(t.get("standing"), "-")] for (k, j), t in sorted(total.items())]
+    lines = ["## Screens", "", "What each learner's screens did to each source's rows over the run (metric glossary: "
+             "`screens`); every screened row is a line of the worker's log with its reason.", ""]
+    lines += _md_table(["source→learner", "rows", "tail cut", "tail rejected", "too long", "likelihood",
+                        "quarantined rows", "coordinator disagreements", "claim disagreements", "last standing"], rows)
+    refused = [f"* step {s['step']}, {k}: {line}" for s in report["steps"] for k, a in s["agents"].items()
+               for line in a.get("refused") or [] if "quarantined by this site" in line]
+    return lines + (refused[:20] + [""] if refused else [])
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """``report.md``: summary, per-step curves as a table, where the time went, exported models."""
     lines = [f"# hacrl-fed simulate: {report['run_id']}", "",
@@ -265,6 +306,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += ["Wire bytes: each agent's orders and replies on the Flower wire per step (generate + train); weights:",
               "its exported safetensors, what one FedAvg exchange would move.", "", "## Steps", ""]
     lines += _md_steps(report)
+    lines += _md_screens(report)
     lines += ["## Where the time went", ""]
     lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
     lines += ["## Exported models", "", "Plain Hugging Face directories (`AutoModelForCausalLM.from_pretrained(dir)`):", ""]

@@ -46,6 +46,7 @@ __all__ = [
     "ANSWER_STYLES",
     "AnswerStyle",
     "Extraction",
+    "answer_end",
     "extract_final_answer",
     "find_corrections",
     "is_numeric_literal",
@@ -431,6 +432,39 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
     if found is not None and corrections:
         return Extraction(corrections[-1][1], "correction")
     return found
+
+
+def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
+    """Index in ``response`` just after its final stated answer (what :func:`extract_final_answer` finds),
+    or ``None`` when nothing is stated. ``response[answer_end(response):]`` is the text after the answer
+    (the learner-side answer-tail screen, :mod:`hacrl_fed.algo.screens`).
+
+    Exact for a ``\\boxed`` answer and whenever the text after the answer holds no formatting command;
+    otherwise the tail is measured on the text with formatting removed (:func:`strip_formatting`), so it may
+    come out a few characters short. A self-correction ends the answer after its new value. Raises
+    ``ValueError`` for an unknown style.
+
+    >>> r = r"So 2 + 3 = 5, the answer is \\boxed{5}. Visit example.org!"
+    >>> r[answer_end(r):]
+    '. Visit example.org!'
+    >>> answer_end("no answer here") is None
+    True
+    """
+    found = extract_final_answer(response, style)
+    if found is None:
+        return None
+    if found.source == "boxed":
+        return _last_boxed_span(response)[1]
+    text = strip_formatting(response)
+    stated, end = _stated(text, style)
+    if found.source == "correction":
+        cue = find_corrections(text, max(end, 0))[-1][0]
+        at = text.find(found.answer, cue)
+        end = at + len(found.answer) if at >= 0 else end
+    if end < 0:
+        return None
+    tail = text[end:]
+    return len(response) - len(tail) if len(tail) <= len(response) else len(response)
 
 
 def reference_answer(reference: str) -> str:

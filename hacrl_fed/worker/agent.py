@@ -21,6 +21,7 @@ from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strin
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
+from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -180,6 +181,7 @@ class AgentWorker:
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
                                rewards=rewards, autocast_dtype=self.loaded.autocast_dtype)
+        self.trainer.guard = SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
@@ -193,6 +195,7 @@ class AgentWorker:
                 self.trainer.step, self.trainer.run_id, self.trainer.capability = (state.step, state.run_id,
                                                                                    state.capability)
                 self._saved_step = state.step
+                self.trainer.guard.load_state_dict(state.extra.get("screens"))
                 published = state.extra.get("published_fingerprint")
                 self._fingerprint = published if isinstance(published, str) and published else None
                 detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
@@ -204,6 +207,8 @@ class AgentWorker:
             raise
         self._own_verifier = verifier is None
         self.verifier = Verifier.from_config(cfg.verifier).start() if verifier is None else verifier
+        self.trainer.guard.verify = self.verifier.verify
+        self.trainer.guard.release(cfg.screens.release)
         _ = self.fingerprint
         self.tokens = TokenCounter(unwrap_causal_lm(self.model)[0], self.status)
         self.trainer.on_update = lambda k, m: self.status.update(update=k, updates=m, force=True)
@@ -279,7 +284,8 @@ class AgentWorker:
         # the content hash proves the weights at resume; the published value carries on after it
         state = TrainingState(step=step, run_id=self.trainer.run_id, capability=self.trainer.capability,
                               fingerprint=model_fingerprint(self.model),
-                              extra={"agent": self.name, "published_fingerprint": self.fingerprint})
+                              extra={"agent": self.name, "published_fingerprint": self.fingerprint,
+                                     "screens": self.trainer.guard.state_dict()})
         saved = self.checkpoints.save(self.model, self.trainer.optimizer, state, path or None)
         if not path:
             self._saved_step = step

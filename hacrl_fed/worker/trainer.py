@@ -5,10 +5,12 @@
     own rollouts of the step (kept in memory since Generate, with their token ids)
       → open peers' envelopes against the site's own roster and run the coordinator's content checks
         on them (reject with a reason, never train on them)
-      → apply the coordinator's reward corrections (its verdict wins)
+      → apply the coordinator's reward corrections, then the site's own re-verification of every foreign
+        row (its verdict is what it trains on) and its text screens (``SiteGuard``, :mod:`hacrl_fed.screens`)
       → training rows: own ids as generated, foreign text re-tokenized (prompt re-rendered)
       → capability ratios r_{j→k} from the coordinator's CapabilityTable (clipped, warm-up ⇒ 1)
-      → advantages (Eqs. 6–7) → HACPO update (mini-batches, AdamW) → TrainReport
+      → advantages (Eqs. 6–7) → HACPO update (mini-batches, AdamW; the likelihood screen gates foreign
+        rows inside it) → TrainReport
 
 Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
 """
@@ -31,6 +33,7 @@ from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, 
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
 from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
+from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -94,6 +97,8 @@ class Trainer:
         gradient_checkpointing: the model was loaded with activation checkpointing (needs train mode).
         response_separator: the learner template's prompt/response boundary for re-encoded foreign text
             (:func:`hacrl_fed.data.prompts.response_separator`); None keeps peers' text as shared.
+        guard: the site's screens of foreign rows (:class:`hacrl_fed.screens.SiteGuard`); None trains on every
+            validated foreign row with the coordinator's rewards.
         rewards: the weighted training reward (:func:`reward_terms`), computed here for every row trained,
             own and foreign; None trains on the verified accuracy alone.
         autocast_dtype: mixed precision of the update's forwards (``torch.bfloat16``), None for none.
@@ -103,7 +108,7 @@ class Trainer:
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
                  response_separator: str | None = None, rewards: WeightedRewards | None = None,
-                 autocast_dtype=None) -> None:
+                 autocast_dtype=None, guard: SiteGuard | None = None) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -115,6 +120,7 @@ class Trainer:
         self.max_batch_bytes = max_batch_bytes
         self.gradient_checkpointing = gradient_checkpointing
         self.response_separator = response_separator
+        self.guard = guard
         self.rewards = rewards
         self.autocast_dtype = autocast_dtype
         if optim.needs_schedule_steps and optim.schedule_steps is None:
@@ -153,12 +159,21 @@ class Trainer:
                    if self.algo.share_rollouts else {})
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
+        guard = self.guard if self.guard is not None and self.guard.active and foreign else None
+        screened_sources = sorted(foreign)
+        if guard is not None:
+            foreign = self._screen(guard, own, foreign, rewards)
         rewards, reward_means = self._training_rewards(own, foreign, rewards)
         rows, dropped, cut = self._rows(own, foreign, rewards)
         t_rows = time.perf_counter()
         advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
         t_adv = time.perf_counter()
-        metrics = self._update(rows, advantages, ratios, own.temperature, own.step)
+        metrics = self._update(rows, advantages, ratios, own.temperature, own.step,
+                               row_gate=guard.gate if guard is not None else None)
+        if guard is not None:
+            screen_metrics, refused = guard.finish_step(screened_sources)
+            metrics |= screen_metrics
+            rejected += refused
         t_update = time.perf_counter()
         self.step, self.run_id = own.step, own.run_id
         self.capability = capability_table.SerializeToString(deterministic=True)
@@ -243,6 +258,14 @@ class Trainer:
             del batches[agent]
         return rewards
 
+    def _screen(self, guard: SiteGuard, own: StepRollouts, foreign: dict[str, list],
+                rewards: dict[tuple[str, str, int], float]) -> dict[str, list]:
+        """The site's own verdict on every foreign row (into ``rewards``), then the text screens."""
+        texts = {key: s.text for key, s in own.samples.items()}
+        guard.begin_step(own.step, texts)
+        guard.reverify(foreign, own.prompts, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards)
+
     def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
                           rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:
         """The weighted training reward of every row to train, own and foreign, computed by this learner from
@@ -314,7 +337,7 @@ class Trainer:
         return out
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
-                temperature: float, step: int) -> dict[str, float]:
+                temperature: float, step: int, row_gate=None) -> dict[str, float]:
         was_training = self.model.training
         # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
         self.model.train(self.optim.update_mode == "train" or self.gradient_checkpointing)
@@ -323,7 +346,7 @@ class Trainer:
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
                                 pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
                                 max_response_tokens=self.max_response_tokens, on_update=self.on_update,
-                                autocast_dtype=self.autocast_dtype)
+                                autocast_dtype=self.autocast_dtype, row_gate=row_gate)
         finally:
             self.model.train(was_training)
 

@@ -7,6 +7,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacrl_fed.algo.config import AlgoConfig
+from hacrl_fed.algo.screens import ScreenConfig
 from hacrl_fed.protocol.envelope import sign_batch
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -31,7 +32,9 @@ def _corrections(batch_env, agent: str, every: int = 2):
 
 def test_train_step_two_agents(make_sites, plans):
     make_plan, make_table = plans
-    sites = make_sites(KINDS)
+    # the coordinator's corrections are what this test trains on: the site's own re-verification (on by
+    # default, tests/worker/test_screens_trainer.py) would replace them with its verdict
+    sites = make_sites(KINDS, screens=ScreenConfig(reverify=False))
     alice, bob = sites.start("alice"), sites.start("bob")
     plan = make_plan(1)
     env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope
@@ -219,7 +222,7 @@ def test_weighted_rewards_are_computed_by_the_learner_for_every_row(make_sites, 
     monkeypatch.syspath_prepend(str(tmp_path))
     make_plan, make_table = plans
     funcs = [RewardFuncConfig(name="accuracy"), RewardFuncConfig(name="site_shaping:length_bucket", weight=0.25)]
-    sites = make_sites(KINDS, reward_funcs=funcs)
+    sites = make_sites(KINDS, reward_funcs=funcs, screens=ScreenConfig(reverify=False))  # trains the corrections
     alice, bob = sites.start("alice"), sites.start("bob")
     plan = make_plan(1)
     env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope

@@ -1,0 +1,363 @@
+"""A learner site's guard over its peers' rows: re-verification, text screens, the likelihood gate, quarantine.
+
+:class:`SiteGuard` holds what the screens of :mod:`hacrl_fed.algo.screens` need across steps (per-source
+windows of the learner log-likelihood per byte, the learner's own window, each source's standing) and
+applies their decisions to one training step of :class:`hacrl_fed.worker.trainer.Trainer`::
+
+    begin_step → reverify (the site's verdict replaces the coordinator's reward) → screen_text (quarantine,
+    answer tail, length) → [the HACPO update calls gate() per micro-batch with the learner log-probs it
+    computed] → finish_step (per-source flags, down-weighting / quarantine, metrics, report lines)
+
+Every screened row is logged (``hacrl_fed.screens``) with its reason and counted in the step's metrics
+(``src/<agent>/screened_*``); quarantine changes are logged as warnings and a quarantined source's refusal
+is a line of the TrainReport's ``rejected``. :meth:`state_dict` / :meth:`load_state_dict` are plain JSON
+(stored in the worker's checkpoint, written atomically with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import statistics
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from hacrl_fed.algo.screens import (
+    ScreenConfig,
+    SourceStanding,
+    likelihood_decision,
+    per_byte_loglik,
+    quarantine_step,
+    release,
+    step_flagged,
+    tail_decision,
+)
+from hacrl_fed.reward.extract import answer_end
+from hacrl_fed.v1 import rollout_pb2 as pb
+
+__all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout"]
+
+log = logging.getLogger("hacrl_fed.screens")
+
+STATE_VERSION = 1
+_TOLERANCE = 1e-9
+_CLOSING = re.compile(r"[\s.,;:!?)\]}$*]{0,8}")
+"""Closing punctuation right after an answer (``.``, ``$.``, ``**.``) that a cut keeps."""
+_STATUS_CODE = {"trusted": 0.0, "downweighted": 1.0, "quarantined": 2.0}
+RowKey = tuple[str, str, int]
+"""(source agent, prompt id, sample index)."""
+VerifyFn = Callable[..., Sequence[Any]]
+"""``verify(responses, references, styles, problems) -> [verdict]`` (``hacrl_fed.reward.Verifier.verify``)."""
+
+
+def cut_rollout(rollout: pb.Rollout, keep_bytes: int) -> pb.Rollout:
+    """A copy of ``rollout`` whose content (text without leading whitespace) is cut to ``keep_bytes`` UTF-8
+    bytes (at a character boundary), ending with STOP.
+
+    Per-token log-probs never cross the wire, so the source's behaviour sum and token count over the content
+    are scaled by the kept share of the bytes (the per-byte mean is kept); the EOS log-prob is kept when the
+    source sent one, else 0 (the learner's EOS is then left out of the ratio on both sides).
+    """
+    content = rollout.response_text.lstrip()
+    lead = rollout.response_text[: len(rollout.response_text) - len(content)]
+    raw = content.encode("utf-8")
+    kept = raw[:keep_bytes].decode("utf-8", errors="ignore")
+    frac = len(kept.encode("utf-8")) / max(1, len(raw))
+    out = pb.Rollout()
+    out.CopyFrom(rollout)
+    had_eos = rollout.finish_reason == pb.STOP and rollout.HasField("behaviour_eos_logprob")
+    eos = float(rollout.behaviour_eos_logprob) if had_eos else 0.0
+    content_sum = rollout.behaviour_logprob_sum - eos
+    content_count = rollout.behaviour_token_count - (1 if had_eos else 0)
+    out.response_text = lead + kept
+    out.behaviour_logprob_sum = content_sum * frac + eos
+    out.behaviour_token_count = max(1, round(content_count * frac)) + 1
+    out.behaviour_eos_logprob = eos
+    out.finish_reason = pb.STOP
+    return out
+
+
+class SiteGuard:
+    """One learner's screens over a run (module docstring).
+
+    Args:
+        learner: this site's agent id.
+        cfg: the screens' settings (``agent.screens``).
+        verify: the site's own verifier (``Verifier.verify``); None ⇒ no re-verification.
+        truncated_reward: ``zero`` gives a LENGTH response reward 0 without verifying it (as the site does for
+            its own rollouts, ``VerifierConfig.truncated_reward``), ``verify`` verifies it.
+    """
+
+    def __init__(self, learner: str, cfg: ScreenConfig, verify: VerifyFn | None = None, *,
+                 truncated_reward: str = "zero") -> None:
+        self.learner = learner
+        self.cfg = cfg
+        self.verify = verify
+        self.truncated_zero = truncated_reward == "zero"
+        self.standing: dict[str, SourceStanding] = {}
+        self.windows: dict[str, deque[float]] = {}
+        self.own_window: deque[float] = deque(maxlen=cfg.likelihood.window)
+        self.totals: dict[str, Counter] = {}
+        """Cumulative counts per source over the run (the report's screen table)."""
+        self.step = 0
+        self._counts: dict[str, Counter] = {}
+        self._ll: dict[str, list[float]] = {}
+        self._z: dict[str, list[float]] = {}
+        self._decided: dict[RowKey, float] = {}
+        self._own_bytes: dict[tuple[str, int], int] = {}
+        self._refused: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        return self.cfg.enabled
+
+    def weight(self, source: str) -> float:
+        """The source's standing weight now (1 trusted, ``downweight``, 0 quarantined)."""
+        return self.standing.get(source, SourceStanding()).weight(self.cfg.quarantine)
+
+    def _window(self, source: str) -> deque[float]:
+        return self.windows.setdefault(source, deque(maxlen=self.cfg.likelihood.window))
+
+    def _count(self, source: str, what: str, n: float = 1.0) -> None:
+        self._counts.setdefault(source, Counter())[what] += n
+
+    # ------------------------------------------------------------------ the step
+
+    def begin_step(self, step: int, own_texts: Mapping[tuple[str, int], str]) -> None:
+        """Start ``step``; ``own_texts`` maps (prompt id, sample index) → the learner's own response text."""
+        self.step = step
+        self._counts, self._ll, self._z, self._decided, self._refused = {}, {}, {}, {}, []
+        self._own_bytes = {k: len(t.lstrip().encode("utf-8")) for k, t in own_texts.items()}
+
+    def reverify(self, foreign: Mapping[str, Sequence[pb.Rollout]], references: Mapping[str, pb.PromptItem],
+                 rewards: dict[RowKey, float]) -> None:
+        """Re-verify every foreign rollout with the site's verifier; ``rewards`` (coordinator-corrected, keyed
+        by (source, prompt id, sample index)) is updated in place to the site's verdict.
+
+        A reward the coordinator gave that the site's verdict contradicts is counted per source
+        (``coordinator_disagreements``) and logged; a source's own reward claim that it contradicts is
+        counted (``claim_disagreements``, which flags the source's step). A verifier error at the site gives
+        reward 0 (as for the site's own rollouts) and counts as neither. No-op when re-verification is off,
+        there is no verifier or a prompt has no reference (then nothing is re-verified).
+        """
+        if not (self.cfg.enabled and self.cfg.reverify and self.verify is not None):
+            return
+        rows = [(src, r) for src in sorted(foreign) for r in foreign[src]]
+        if not rows or any(r.prompt_id not in references for _, r in rows):
+            if rows:
+                log.warning("step %d: the plan's reference answers are missing here: foreign rows not re-verified",
+                            self.step)
+            return
+        todo = [(s, r) for s, r in rows if not (self.truncated_zero and r.finish_reason == pb.LENGTH)]
+        refs = [references[r.prompt_id] for _, r in todo]
+        verdicts = list(self.verify([r.response_text for _, r in todo], [p.reference_answer for p in refs],
+                                    [p.answer_style or "boxed" for p in refs], [p.text for p in refs])) if todo else []
+        if len(verdicts) != len(todo):
+            raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
+        mine: dict[RowKey, tuple[float, bool]] = {(s, r.prompt_id, r.sample_index): (0.0, False) for s, r in rows}
+        for (s, r), v in zip(todo, verdicts):
+            mine[(s, r.prompt_id, r.sample_index)] = (float(v.reward), v.verdict == "verifier_error")
+        for src, r in rows:
+            key = (src, r.prompt_id, r.sample_index)
+            site, error = mine[key]
+            self._count(src, "reverified")
+            if error:
+                self._count(src, "site_verifier_errors")
+            coord = rewards.get(key, float(r.reward))
+            if not error and abs(coord - site) > _TOLERANCE:
+                self._count(src, "coordinator_disagreements")
+                log.warning("step %d: %s %s#%d: the coordinator's reward %.3g contradicts this site's verifier "
+                            "(%.3g); training on this site's verdict", self.step, src, r.prompt_id, r.sample_index,
+                            coord, site)
+            if not error and r.verdict != pb.VERIFIER_ERROR and abs(float(r.reward) - site) > _TOLERANCE:
+                self._count(src, "claim_disagreements")
+                log.info("step %d: %s %s#%d claimed reward %.3g, this site's verifier says %.3g", self.step, src,
+                         r.prompt_id, r.sample_index, r.reward, site)
+            rewards[key] = site
+
+    def screen_text(self, foreign: Mapping[str, Sequence[pb.Rollout]],
+                    own_texts: Mapping[tuple[str, int], str],
+                    styles: Mapping[str, str] | None = None,
+                    rewards: Mapping[RowKey, float] | None = None) -> dict[str, list[pb.Rollout]]:
+        """The foreign rollouts to train on: a quarantined source's rows left out (one ``rejected`` line per
+        source), then the answer-tail and length screens on each row (cut copies replace cut rows).
+
+        ``own_texts`` are the learner's own responses (part of every prompt's length reference); ``styles``
+        maps prompt id → answer style (default ``boxed``); ``rewards`` the rewards trained on (default: the
+        rollouts' own), which tell the rewarded rows that flag a step. The text screens also run on a quarantined
+        source's rows: they decide whether its step was clean.
+        """
+        if not self.cfg.enabled:
+            return {s: list(rs) for s, rs in foreign.items()}
+        styles = styles or {}
+        lengths: dict[str, list[tuple[str, int]]] = {}
+        for (pid, _), text in own_texts.items():
+            lengths.setdefault(pid, []).append((self.learner, len(text.lstrip().encode("utf-8"))))
+        for src, rs in foreign.items():
+            for r in rs:
+                lengths.setdefault(r.prompt_id, []).append((src, len(r.response_text.lstrip().encode("utf-8"))))
+        out: dict[str, list[pb.Rollout]] = {}
+        for src in sorted(foreign):
+            kept: list[pb.Rollout] = []
+            for r in foreign[src]:
+                self._count(src, "rows")
+                rewarded = (rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0
+                self._count(src, "rewarded_rows", float(rewarded))
+                content = r.response_text.lstrip()
+                nbytes = len(content.encode("utf-8"))
+                end = answer_end(content, styles.get(r.prompt_id) or "boxed")
+                end_bytes = None if end is None else len(content[:end].encode("utf-8"))
+                closing = 0 if end is None else len(_CLOSING.match(content, end).group(0).rstrip().encode("utf-8"))
+                others = [n for s, n in lengths.get(r.prompt_id, []) if s != src]
+                ref = statistics.median(others) if others else None
+                d = tail_decision(nbytes, end_bytes, ref, self.cfg.tail, closing)
+                if d.action == "keep":
+                    kept.append(r)
+                    continue
+                what = "screened_length" if d.screen == "length" else f"screened_tail_{d.action}"
+                self._count(src, what)
+                self._count(src, "rewarded_screened", float(rewarded))
+                log.info("step %d: %s %s#%d: %s", self.step, src, r.prompt_id, r.sample_index, d.reason)
+                if d.action == "cut":
+                    kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
+            weight = self.weight(src)
+            if weight == 0.0:
+                standing = self.standing[src]
+                self._count(src, "quarantined_rows", len(foreign[src]))
+                self._refused.append(f"{src}: quarantined by this site since step {standing.since_step} "
+                                     f"({standing.reason}); its {len(foreign[src])} rows are not trained")
+                continue
+            out[src] = kept
+        return out
+
+    def gate(self, rows: Sequence[Any], content_logprob_sums: Sequence[float]) -> list[float]:
+        """Row weights for one micro-batch of the update (:func:`hacrl_fed.algo.update.hacpo_update`'s
+        ``row_gate``): own rows 1 (their ℓ joins the learner's own window), a foreign row its source's weight,
+        or 0 when the likelihood screen screens it out. ``content_logprob_sums`` are the learner's Σ log π over
+        each row's content tokens (nats, before the update's optimizer step on that row). Decided once per row
+        and step (later epochs reuse it)."""
+        out = []
+        for row, total in zip(rows, content_logprob_sums, strict=True):
+            key = (row.source_agent, row.prompt_id, int(row.sample_index))
+            if key in self._decided:
+                out.append(self._decided[key])
+                continue
+            if row.is_own:
+                nbytes = self._own_bytes.get((row.prompt_id, int(row.sample_index)), 0)
+                value = per_byte_loglik(total, nbytes)
+                if math.isfinite(value) and nbytes >= self.cfg.likelihood.min_bytes:
+                    self.own_window.append(value)
+                self._ll.setdefault(row.source_agent, []).append(value)
+                self._decided[key] = 1.0
+                out.append(1.0)
+                continue
+            src = row.source_agent
+            value = per_byte_loglik(total, row.content_bytes)
+            self._ll.setdefault(src, []).append(value)
+            lk = self.cfg.likelihood
+            if row.content_bytes < lk.min_bytes:
+                self._decided[key] = self.weight(src)
+                out.append(self._decided[key])
+                continue
+            d = likelihood_decision(value, list(self._window(src)), list(self.own_window), lk)
+            if not d.keep and lk.rewarded_only and not row.reward > 0:
+                d = replace(d, keep=True, reason="")
+            if d.keep:
+                if math.isfinite(value):
+                    self._window(src).append(value)
+                weight = self.weight(src)
+            else:
+                weight = 0.0
+                self._count(src, "screened_likelihood")
+                self._count(src, "rewarded_screened", float(row.reward > 0))
+                log.info("step %d: %s %s#%d: %s", self.step, src, row.prompt_id, row.sample_index, d.reason)
+            if d.z_source is not None:
+                self._z.setdefault(src, []).append(d.z_source)
+            self._decided[key] = weight
+            out.append(weight)
+        return out
+
+    def finish_step(self, sources: Sequence[str]) -> tuple[dict[str, float], list[str]]:
+        """Close the step: flag each source seen this step, move its standing, and return (metrics, refusal
+        lines for the TrainReport's ``rejected``). ``sources`` are the peers whose batches were opened."""
+        metrics: dict[str, float] = {}
+        q = self.cfg.quarantine
+        for src in sorted(set(sources) | set(self._counts)):
+            if src == self.learner:
+                continue
+            c = self._counts.get(src, Counter())
+            screened = (c["screened_likelihood"] + c["screened_tail_cut"] + c["screened_tail_reject"]
+                        + c["screened_length"])
+            before = self.standing.get(src, SourceStanding())
+            flagged, reason = step_flagged(int(c["rewarded_rows"]), int(c["rewarded_screened"]),
+                                           int(c["claim_disagreements"]), q)
+            after = quarantine_step(before, flagged, reason, self.step, q) if self.cfg.enabled else before
+            self.standing[src] = after
+            if after.status != before.status:
+                log.warning("step %d: source %s is now %s (%s)", self.step, src, after.status, after.reason)
+            total = self.totals.setdefault(src, Counter())
+            total.update(c)
+            total["flagged_steps"] += flagged
+            for name in ("rows", "rewarded_rows", "rewarded_screened", "reverified", "claim_disagreements", "coordinator_disagreements",
+                         "site_verifier_errors", "screened_likelihood", "screened_tail_cut", "screened_tail_reject",
+                         "screened_length", "quarantined_rows"):
+                metrics[f"src/{src}/{name}" if name != "rows" else f"src/{src}/screen_rows"] = float(c[name])
+            metrics[f"src/{src}/screened_rows"] = float(screened)
+            metrics[f"src/{src}/flagged"] = float(flagged)
+            metrics[f"src/{src}/standing"] = _STATUS_CODE[after.status]
+            metrics[f"src/{src}/screen_weight"] = after.weight(q)
+            zs = self._z.get(src)
+            if zs:
+                metrics[f"src/{src}/ll_z_min"] = min(zs)
+        for src, values in self._ll.items():
+            finite = [v for v in values if math.isfinite(v)]
+            if finite:
+                metrics[f"src/{src}/ll_per_byte"] = statistics.fmean(finite)
+        metrics["screened_rows"] = sum(v for k, v in metrics.items() if k.endswith("/screened_rows"))
+        metrics["coordinator_reward_disagreements"] = sum(
+            v for k, v in metrics.items() if k.endswith("/coordinator_disagreements"))
+        metrics["quarantined_sources"] = float(sum(s.status == "quarantined" for s in self.standing.values()))
+        refused, self._refused = self._refused, []
+        return metrics, refused
+
+    # ------------------------------------------------------------------ operator and state
+
+    def release(self, sources: Sequence[str]) -> list[str]:
+        """Trust ``sources`` again (the operator's ``screens.release``); returns those that were not trusted."""
+        out = []
+        for src in sources:
+            before = self.standing.get(src)
+            if before is None or (before.status == "trusted" and not before.flags):
+                continue
+            self.standing[src] = release(before, self.step)
+            out.append(src)
+            log.warning("source %s released from %s by the operator (screens.release)", src, before.status)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: standings, likelihood windows, cumulative counts."""
+        return {"version": STATE_VERSION, "step": self.step,
+                "standing": {s: {**asdict(v), "flags": list(v.flags), "history": list(v.history)}
+                             for s, v in self.standing.items()},
+                "windows": {s: list(w) for s, w in self.windows.items()}, "own_window": list(self.own_window),
+                "totals": {s: dict(c) for s, c in self.totals.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Restore :meth:`state_dict` output (None or an empty mapping: a fresh guard). Raises ``ValueError``
+        for another state version."""
+        if not state:
+            return
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"screen state version {state.get('version')!r}, expected {STATE_VERSION}")
+        n = self.cfg.likelihood.window
+        self.step = int(state.get("step", 0))
+        self.standing = {s: SourceStanding(status=v["status"], flags=tuple(bool(f) for f in v["flags"]),
+                                           clean_run=int(v["clean_run"]), since_step=int(v["since_step"]),
+                                           reason=str(v["reason"]), history=tuple(v["history"]))
+                         for s, v in state.get("standing", {}).items()}
+        self.windows = {s: deque((float(x) for x in w), maxlen=n) for s, w in state.get("windows", {}).items()}
+        self.own_window = deque((float(x) for x in state.get("own_window", [])), maxlen=n)
+        self.totals = {s: Counter(c) for s, c in state.get("totals", {}).items()}

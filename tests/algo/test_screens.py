@@ -1,0 +1,153 @@
+"""The screens' statistics and decisions on constructed values (hacrl_fed.algo.screens)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hacrl_fed.algo.screens import (
+    LikelihoodScreenConfig,
+    QuarantineConfig,
+    ScreenConfig,
+    SourceStanding,
+    TailScreenConfig,
+    likelihood_decision,
+    per_byte_loglik,
+    quarantine_step,
+    release,
+    robust_center_scale,
+    robust_z,
+    step_flagged,
+    tail_decision,
+)
+
+
+def _cross_family_windows(seed: int = 0) -> tuple[list[float], list[float]]:
+    """Per-byte log-likelihoods like the real pair's at the start (SmolLM2 learner, Gemma-3 peer): the learner's
+    own rows median −0.47 (MAD 0.11), the other family's rows −0.85 with a far wider spread (MAD 0.49)."""
+    rng = random.Random(seed)
+    own = [rng.gauss(-0.47, 0.16) for _ in range(64)]
+    peer = [rng.gauss(-0.85, 0.6) for _ in range(64)]
+    return own, peer
+
+
+def test_robust_statistics():
+    med, scale = robust_center_scale([1.0, 2.0, 3.0, 4.0, 100.0], min_scale=0.01)
+    assert med == 3.0 and scale == pytest.approx(1.4826 * 1.0)     # MAD of |x − 3| = [2, 1, 0, 1, 97] → 1
+    assert robust_z(0.0, [1.0, 1.0, 1.0], min_scale=0.5) == pytest.approx(-2.0)   # floor of the scale
+    assert per_byte_loglik(-30.0, 60) == -0.5 and per_byte_loglik(-3.0, 0) == -3.0
+    with pytest.raises(ValueError):
+        robust_center_scale([], 0.1)
+
+
+def test_honest_cross_family_rows_pass():
+    """A peer of another family is far from the learner's own rows but ordinary against its own history."""
+    cfg = LikelihoodScreenConfig()
+    own, peer = _cross_family_windows()
+    rng = random.Random(1)
+    fresh = [rng.gauss(-0.85, 0.6) for _ in range(400)]
+    kept = [likelihood_decision(v, peer, own, cfg).keep for v in fresh]
+    assert sum(kept) / len(kept) > 0.99
+    # the same rows judged by a robust z against the learner's own rows alone: a quarter of them cut
+    assert sum(robust_z(v, own, cfg.min_scale) < -cfg.z_threshold for v in fresh) / len(fresh) > 0.2
+
+
+def test_outlier_against_its_source_is_screened():
+    cfg = LikelihoodScreenConfig()
+    own, peer = _cross_family_windows()
+    d = likelihood_decision(-3.9, peer, own, cfg.model_copy(update={"own_margin": None}))   # z ≈ −(3.9 − 0.85)/0.8
+    assert not d.keep and d.z_source is not None and d.z_source < -3.5 and "robust z" in d.reason
+    assert likelihood_decision(-1.4, peer, own, cfg).keep    # a payload worth 0.5 nats/byte is not an outlier here
+    # a row *more* likely than usual is kept (the screen is one-sided), so is an outlier above the learner's own
+    assert likelihood_decision(-0.1, peer, own, cfg).keep
+
+
+def test_warmup_uses_only_the_learner_margin():
+    cfg = LikelihoodScreenConfig(warmup_rows=16)
+    own, peer = _cross_family_windows()
+    short = peer[:5]
+    d = likelihood_decision(-2.6, short, own, cfg)            # low, but the source is still warming up
+    assert d.keep and d.z_source is None
+    far = likelihood_decision(-3.2, short, own, cfg)          # ≈ 2.7 nats/byte below the learner's own median
+    assert not far.keep and "learner's own median" in far.reason and far.gap_own > 2.5
+    assert likelihood_decision(-3.2, short, own, cfg.model_copy(update={"own_margin": None})).keep
+
+
+def test_likelihood_off_and_non_finite():
+    own, peer = _cross_family_windows()
+    assert likelihood_decision(-9.0, peer, own, LikelihoodScreenConfig(enabled=False)).keep
+    assert not likelihood_decision(float("nan"), peer, own, LikelihoodScreenConfig()).keep
+
+
+def test_tail_decisions():
+    cfg = TailScreenConfig(budget_bytes=20)
+    assert tail_decision(100, 95, 100, cfg).action == "keep"          # "… \boxed{5}." ends the answer
+    cut = tail_decision(140, 95, 100, cfg, closing_bytes=1)          # a payload sentence after "\boxed{5}."
+    assert cut.action == "cut" and cut.keep_bytes == 96 and cut.screen == "tail" and "45 bytes" in cut.reason
+    rej = tail_decision(140, 95, 100, cfg.model_copy(update={"policy": "reject"}))
+    assert rej.action == "reject" and rej.screen == "tail"
+    assert tail_decision(140, None, 100, cfg).action == "keep"        # no stated answer: nothing to measure
+    long = tail_decision(2000, 1990, 120, cfg)                        # long but correct: 16 × the others
+    assert long.action == "reject" and long.screen == "length"
+    assert tail_decision(250, 245, 30, cfg).action == "keep"          # short responses are never "too long"
+    assert tail_decision(2000, 10, 120, TailScreenConfig(enabled=False)).action == "keep"
+
+
+def test_step_flagged():
+    q = QuarantineConfig()                          # > half of the rewarded rows screened, at least 2
+    assert step_flagged(8, 4, 0, q) == (False, "")
+    flagged, reason = step_flagged(8, 5, 0, q)
+    assert flagged and "5 of its 8 rewarded rows" in reason
+    assert step_flagged(1, 1, 0, q) == (False, "")  # one rewarded row screened is not a pattern
+    flagged, reason = step_flagged(8, 0, 1, q)
+    assert flagged and "reward claim" in reason
+    assert step_flagged(0, 0, 0, q) == (False, "")
+
+
+def test_quarantine_and_release_after_a_clean_window():
+    q = QuarantineConfig(memory=5, downweight_after=1, quarantine_after=3, downweight=0.5, release_after_clean=2)
+    s = SourceStanding()
+    assert s.weight(q) == 1.0
+    s = quarantine_step(s, True, "payload", 1, q)
+    assert s.status == "downweighted" and s.weight(q) == 0.5 and s.since_step == 1
+    s = quarantine_step(s, False, "", 2, q)
+    assert s.status == "downweighted"                              # one flag still within memory
+    s = quarantine_step(s, True, "payload", 3, q)
+    s = quarantine_step(s, True, "payload", 4, q)
+    assert s.status == "quarantined" and s.weight(q) == 0.0 and "3 flagged steps" in s.reason
+    s = quarantine_step(s, False, "", 5, q)
+    assert s.status == "quarantined" and s.clean_run == 1
+    s = quarantine_step(s, True, "again", 6, q)                    # a flagged step restarts the clean window
+    assert s.status == "quarantined" and s.clean_run == 0
+    s = quarantine_step(quarantine_step(s, False, "", 7, q), False, "", 8, q)
+    assert s.status == "trusted" and s.flags == () and s.since_step == 8
+    assert [h.split(":")[1].split()[0] for h in s.history] == ["downweighted", "quarantined", "trusted"]
+
+
+def test_downweighted_source_recovers_and_operator_release():
+    q = QuarantineConfig(memory=2, release_after_clean=0)
+    s = quarantine_step(SourceStanding(), True, "x", 1, q)
+    s = quarantine_step(quarantine_step(s, False, "", 2, q), False, "", 3, q)
+    assert s.status == "trusted"                                   # memory of 2 clean steps: trusted again
+    s = SourceStanding()
+    for step in range(1, 4):
+        s = quarantine_step(s, True, "x", step, QuarantineConfig(release_after_clean=0))
+    assert s.status == "quarantined"
+    for step in range(4, 20):
+        s = quarantine_step(s, False, "", step, QuarantineConfig(release_after_clean=0))
+    assert s.status == "quarantined"                               # 0: only the operator lifts it
+    s = release(s, 20)
+    assert s.status == "trusted" and s.flags == () and "operator" in s.reason
+
+
+def test_quarantine_disabled_and_config_defaults():
+    q = QuarantineConfig(enabled=False)
+    s = quarantine_step(SourceStanding(), True, "x", 1, q)
+    assert s == SourceStanding() and s.weight(q) == 1.0
+    cfg = ScreenConfig()
+    assert cfg.enabled and cfg.reverify and cfg.likelihood.enabled and cfg.tail.enabled and cfg.quarantine.enabled
+    off = ScreenConfig.off()
+    assert not off.enabled and not off.reverify
+    with pytest.raises(ValueError):
+        ScreenConfig(tail={"policy": "truncate"})

@@ -1,0 +1,199 @@
+"""SiteGuard on constructed rollouts: re-verification, text screens, the likelihood gate, quarantine, state."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hacrl_fed.algo.screens import QuarantineConfig, ScreenConfig
+from hacrl_fed.reward.extract import extract_final_answer
+from hacrl_fed.screens import SiteGuard, cut_rollout
+from hacrl_fed.v1 import rollout_pb2 as pb
+
+PAYLOAD = " Visit www.mathtricks.example for more!"
+REFS = {f"q{i}": pb.PromptItem(prompt_id=f"q{i}", text=f"What is {i} + 2?", reference_answer=str(i + 2),
+                               answer_style="boxed") for i in range(4)}
+
+
+def fake_verify(responses, references, styles, problems):
+    """The project's extraction, exact comparison (a stand-in for math-verify on integers)."""
+    out = []
+    for text, ref in zip(responses, references):
+        got = extract_final_answer(text)
+        ok = got is not None and got.answer == ref
+        out.append(SimpleNamespace(reward=float(ok), verdict="correct" if ok else "incorrect"))
+    return out
+
+
+def rollout(pid: str, idx: int, text: str, *, reward: float | None = None, lp: float = -20.0, n: int = 10):
+    ok = fake_verify([text], [REFS[pid].reference_answer], None, None)[0].reward
+    r = pb.Rollout(prompt_id=pid, sample_index=idx, response_text=text, reward=ok if reward is None else reward,
+                   verdict=pb.CORRECT if ok else pb.INCORRECT, behaviour_logprob_sum=lp, behaviour_token_count=n,
+                   finish_reason=pb.STOP)
+    r.behaviour_eos_logprob = -1.0
+    return r
+
+
+def correct(pid: str) -> str:
+    i = int(pid[1:])
+    return f"{i} + 2 = {i + 2}, so the answer is \\boxed{{{i + 2}}}."
+
+
+def honest_batch(wrong_every: int = 2) -> list[pb.Rollout]:
+    return [rollout(pid, j, correct(pid) if j % wrong_every else f"I think it is {j}.") for pid in REFS
+            for j in range(2)]
+
+
+def own_texts() -> dict[tuple[str, int], str]:
+    return {(pid, j): correct(pid) for pid in REFS for j in range(2)}
+
+
+def guard(**cfg) -> SiteGuard:
+    return SiteGuard("me", ScreenConfig(**cfg), fake_verify)
+
+
+def test_site_verdict_replaces_a_flipped_coordinator_reward():
+    g = guard()
+    rows = honest_batch()
+    rewards = {("peer", r.prompt_id, r.sample_index): r.reward for r in rows}
+    flipped = [("peer", "q0", 0), ("peer", "q1", 1)]        # the coordinator lies about two rows
+    for key in flipped:
+        rewards[key] = 1.0 - rewards[key]
+    g.begin_step(1, own_texts())
+    g.reverify({"peer": rows}, REFS, rewards)
+    assert all(rewards[("peer", r.prompt_id, r.sample_index)] == r.reward for r in rows)   # the truth
+    metrics, refused = g.finish_step(["peer"])
+    assert metrics["src/peer/coordinator_disagreements"] == 2 and metrics["coordinator_reward_disagreements"] == 2
+    assert metrics["src/peer/claim_disagreements"] == 0       # the peer itself was honest: not flagged
+    assert metrics["src/peer/flagged"] == 0 and metrics["src/peer/standing"] == 0 and not refused
+
+
+def test_a_lying_source_is_flagged_and_down_weighted():
+    g = guard()
+    rows = honest_batch()
+    rows[0].reward = 1.0 - rows[0].reward                      # the source claims a wrong row is right
+    rewards = {("peer", r.prompt_id, r.sample_index): r.reward for r in rows}
+    g.begin_step(1, own_texts())
+    g.reverify({"peer": rows}, REFS, rewards)
+    assert rewards[("peer", rows[0].prompt_id, 0)] == 0.0
+    metrics, _ = g.finish_step(["peer"])
+    assert metrics["src/peer/claim_disagreements"] == 1 and metrics["src/peer/flagged"] == 1
+    assert g.standing["peer"].status == "downweighted" and metrics["src/peer/screen_weight"] == 0.5
+
+
+def test_reverify_off_keeps_the_coordinator_reward():
+    g = guard(reverify=False)
+    rows = honest_batch()
+    rewards = {("peer", r.prompt_id, r.sample_index): 1.0 for r in rows}
+    g.begin_step(1, own_texts())
+    g.reverify({"peer": rows}, REFS, rewards)
+    assert set(rewards.values()) == {1.0}
+
+
+def test_payload_tail_is_cut_and_honest_rows_pass():
+    g = guard()
+    honest = honest_batch()
+    poisoned = [rollout(r.prompt_id, r.sample_index, r.response_text + (PAYLOAD if r.reward else ""), lp=-30.0,
+                        n=14) for r in honest_batch()]
+    g.begin_step(1, own_texts())
+    out = g.screen_text({"honest": honest, "mallory": poisoned}, own_texts())
+    assert [r.response_text for r in out["honest"]] == [r.response_text for r in honest]
+    cut = [r for r in out["mallory"] if r.reward]
+    assert [r.response_text for r in cut] == [correct(r.prompt_id) for r in cut]   # cut after "}."
+    metrics, _ = g.finish_step(["honest", "mallory"])
+    assert metrics["src/honest/screened_rows"] == 0
+    assert metrics["src/mallory/screened_tail_cut"] == len(cut) == 4 and metrics["src/mallory/flagged"] == 1
+
+
+def test_cut_keeps_the_per_byte_behaviour_and_ends_with_stop():
+    text = "So \\boxed{4}." + PAYLOAD
+    r = rollout("q2", 0, text, lp=-41.0, n=21)
+    r.finish_reason = pb.LENGTH
+    r.ClearField("behaviour_eos_logprob")
+    c = cut_rollout(r, len("So \\boxed{4}."))
+    assert c.response_text == "So \\boxed{4}." and c.finish_reason == pb.STOP and c.behaviour_eos_logprob == 0.0
+    frac = len(c.response_text) / len(text)
+    assert c.behaviour_logprob_sum == pytest.approx(-41.0 * frac)
+    assert c.behaviour_token_count == round(21 * frac) + 1
+
+
+def test_reject_policy_and_long_answers():
+    g = guard(tail={"policy": "reject", "budget_bytes": 16, "min_length_bytes": 64, "max_length_factor": 4.0})
+    long_correct = ("Let me think about this very carefully step by step. " * 8) + correct("q1")
+    rows = [rollout("q0", 0, correct("q0") + PAYLOAD), rollout("q1", 0, long_correct), rollout("q2", 0, correct("q2"))]
+    g.begin_step(1, own_texts())
+    out = g.screen_text({"mallory": rows}, own_texts())
+    assert [r.prompt_id for r in out["mallory"]] == ["q2"]
+    metrics, _ = g.finish_step(["mallory"])
+    assert metrics["src/mallory/screened_tail_reject"] == 1 and metrics["src/mallory/screened_length"] == 1
+
+
+class Row(SimpleNamespace):
+    pass
+
+
+def _row(src, pid, idx, nbytes, reward=1.0):
+    return Row(source_agent=src, prompt_id=pid, sample_index=idx, is_own=src == "me", content_bytes=nbytes,
+               reward=reward)
+
+
+def test_gate_screens_a_likelihood_outlier_against_its_source_only():
+    """Honest cross-family rows (far from the learner's own likelihood) pass; a row that is an outlier for its
+    source gets weight 0; decisions are made once per row and step."""
+    g = guard(likelihood={"warmup_rows": 8})
+    g.begin_step(1, {(f"q{i}", 0): "x" * 100 for i in range(16)})
+    own = [_row("me", f"q{i}", 0, 100) for i in range(16)]
+    assert g.gate(own, [-25.0 - (i % 3) for i in range(16)]) == [1.0] * 16      # ≈ −0.26 nats/byte
+    peer = [_row("gemma", f"q{i}", 1, 100) for i in range(16)]
+    sums = [-55.0 + (i % 5) * 3 for i in range(16)]                             # ≈ −0.55 nats/byte, another family
+    assert g.gate(peer, sums) == [1.0] * 16
+    odd = [_row("gemma", "q0", 7, 100), _row("gemma", "q1", 7, 100)]
+    assert g.gate(odd, [-140.0, -50.0]) == [0.0, 1.0]
+    assert g.gate(odd, [0.0, 0.0]) == [0.0, 1.0]                                  # second epoch: same decision
+    # an unrewarded outlier (a payload cannot be learned from it) and a row of a few bytes are kept
+    assert g.gate([_row("gemma", "q2", 7, 100, reward=0.0), _row("gemma", "q3", 7, 5)], [-140.0, -20.0]) == [1.0, 1.0]
+    metrics, _ = g.finish_step(["gemma"])
+    assert metrics["src/gemma/screened_likelihood"] == 1
+    assert metrics["src/me/ll_per_byte"] == pytest.approx(-0.26, abs=0.01)
+    assert metrics["src/gemma/ll_z_min"] < -3.5
+
+
+def test_quarantine_lifecycle_state_roundtrip_and_operator_release():
+    g = guard(quarantine=QuarantineConfig(quarantine_after=2, release_after_clean=2).model_dump())
+    poisoned = [rollout(p, 0, correct(p) + PAYLOAD) for p in REFS]
+    for step in (1, 2):
+        g.begin_step(step, own_texts())
+        g.screen_text({"mallory": poisoned}, own_texts())
+        g.finish_step(["mallory"])
+    assert g.standing["mallory"].status == "quarantined"
+    g.begin_step(3, own_texts())
+    out = g.screen_text({"mallory": poisoned, "honest": honest_batch()}, own_texts())
+    assert "mallory" not in out and "honest" in out
+    metrics, refused = g.finish_step(["mallory", "honest"])
+    assert metrics["src/mallory/quarantined_rows"] == 4 and metrics["quarantined_sources"] == 1
+    assert refused and refused[0].startswith("mallory: quarantined by this site since step 2")
+
+    restored = guard(quarantine=QuarantineConfig(quarantine_after=2, release_after_clean=2).model_dump())
+    restored.load_state_dict(json.loads(json.dumps(g.state_dict())))
+    assert restored.standing == g.standing and restored.totals == g.totals
+    assert list(restored.own_window) == list(g.own_window)
+    assert restored.release(["mallory", "nobody"]) == ["mallory"]
+    assert restored.standing["mallory"].status == "trusted"
+
+    clean = [rollout(p, 0, correct(p)) for p in REFS]           # a clean window lifts it automatically
+    for step in (4, 5):
+        g.begin_step(step, own_texts())
+        g.screen_text({"mallory": clean}, own_texts())
+        g.finish_step(["mallory"])
+    assert g.standing["mallory"].status == "trusted"
+    with pytest.raises(ValueError, match="version"):
+        restored.load_state_dict({"version": 99})
+
+
+def test_screens_off_pass_everything():
+    g = SiteGuard("me", ScreenConfig.off(), fake_verify)
+    rows = [rollout("q0", 0, correct("q0") + PAYLOAD * 3)]
+    assert not g.active
+    assert g.screen_text({"m": rows}, own_texts())["m"] == rows
