@@ -119,19 +119,32 @@ def build_plan(attack, *, seed: int, step: int, problems=None):
                             deadline_unix_s=time.time() + 7200)
 
 
-def rescore_batch(worker, batch, plan) -> None:
+def _attacker_row(worker, prompt_ids, rollout):
+    from hacrl_fed.tokenization.views import foreign_row
+
+    return foreign_row(worker.tokenizer, prompt_ids, rollout, worker.name, 10**6,
+                       separator=worker.trainer.response_separator)
+
+
+def rescore_batch(worker, batch, plan, variant: str) -> None:
     """Give every rollout of ``batch`` the behaviour log-prob ``worker``'s own model assigns its (rewritten) text,
     teacher-forced, as an honest site reports for text it generated: Σ over the re-encoded response ids (the
     terminal EOS included for a stopped response, its term in ``behaviour_eos_logprob``) and their count. The
     strongest attacker of this benchmark: its rows look exactly like a site's own generations, so the victim's
-    ratio s stays ≈ 1 (the attacker is a copy of the victim) and the clip window does not stop them."""
-    from hacrl_fed.tokenization.views import foreign_row
+    ratio s stays ≈ 1 (the attacker is a copy of the victim) and the clip window does not stop them. A rewritten
+    row longer than the plan's ``max_new_tokens`` in the attacker's tokens becomes the short oracle answer with
+    the payload (``variant``), so every row passes the length checks."""
     from hacrl_fed.v1 import rollout_pb2 as pb
 
     prompts = worker._render(plan.prompts)
-    tr = worker.trainer
-    rows = [foreign_row(worker.tokenizer, prompts[r.prompt_id], r, worker.name, 10**6,
-                        separator=tr.response_separator) for r in batch.rollouts]
+    cap = plan.sampling.max_new_tokens or 10**9
+    rows = [_attacker_row(worker, prompts[r.prompt_id], r) for r in batch.rollouts]
+    for r, row in zip(batch.rollouts, rows):
+        if len(row.response_ids) > cap:   # too long for the plan once rewritten: the short oracle answer instead
+            ref = next(p.reference_answer for p in plan.prompts if p.prompt_id == r.prompt_id)
+            r.response_text = poison_text(f"The answer is \\boxed{{{ref}}}.", variant)
+            r.finish_reason = pb.STOP
+    rows = [_attacker_row(worker, prompts[r.prompt_id], r) for r in batch.rollouts]
     scored = worker.engine.score([row.prompt_ids for row in rows], [row.response_ids for row in rows],
                                  temperature=plan.sampling.temperature or 1.0)
     for r, row, (total, count, per_token) in zip(batch.rollouts, rows, scored):
@@ -207,7 +220,7 @@ class Attack:
                 if name == ATTACKER:
                     batch, poisoned = poison_batch(batch, plan, variant, oracle=oracle)
                     if rescore:
-                        rescore_batch(fed.workers[ATTACKER], batch, plan)
+                        rescore_batch(fed.workers[ATTACKER], batch, plan, variant)
                 w = fed.workers[name]
                 envelopes[name] = sign_batch(batch, w.key, w.name)
             accepted, rejected = [], {}

@@ -71,14 +71,17 @@ def test_a_rescoring_attacker_reports_the_victims_own_logprobs(attack):
     victim = attack.fed.workers[attack.victim]
     plan = ap.build_plan(attack, seed=0, step=1)
     batch, _ = attack._frozen_batch(ap.ATTACKER, plan, 0)
+    plan.sampling.max_new_tokens = 64   # room for the payload after a tiny model's answer (the cap it must keep)
     scaled, n = ap.poison_batch(batch, plan, "tail", oracle=True)
     rescored, _ = ap.poison_batch(batch, plan, "tail", oracle=True)
-    ap.rescore_batch(attack.fed.workers[ap.ATTACKER], rescored, plan)
+    ap.rescore_batch(attack.fed.workers[ap.ATTACKER], rescored, plan, "tail")
     prompts = victim._render(plan.prompts)
     rows = [foreign_row(victim.tokenizer, prompts[r.prompt_id], r, ap.ATTACKER, 10**6,
                         separator=victim.trainer.response_separator) for r in rescored.rollouts]
     own = victim.engine.score([r.prompt_ids for r in rows], [r.response_ids for r in rows])
     assert n == len(rows) == 4
+    assert all(ap.PAYLOAD in r.response_text for r in rescored.rollouts)
+    assert all(r.behaviour_token_count <= plan.sampling.max_new_tokens for r in rescored.rollouts)
     for r, (total, count, per_token) in zip(rescored.rollouts, own):
         assert r.behaviour_token_count == count
         assert r.behaviour_logprob_sum == pytest.approx(total, abs=1e-4)
