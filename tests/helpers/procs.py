@@ -23,6 +23,15 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
+def command_line(p: psutil.Process) -> str:
+    """``p``'s command line as one string; "" once it has exited or become a zombie (a listed process may end
+    at any moment)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def lay_out_site(root: Path, federation) -> Path:
     """``root`` laid out as the client how-to says: ``keys/`` (alice's and bob's keys) and ``roster.toml``."""
     (root / "keys").mkdir()

@@ -4,6 +4,7 @@ SIGKILLed `hacrl-fed server` — each stopped early with one line naming the cau
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,11 +16,12 @@ import tomllib
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
 from hacrl_fed.cli import app
-from procs import MARKER, lay_out_site
+from procs import MARKER, command_line, lay_out_site
 from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +247,7 @@ def test_nothing_outlives_a_sigkilled_server(tmp_path, federation):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the coordinator (ServerApp) runs its verifier pool, waiting for agents
-            if any("multiprocessing.spawn" in " ".join(p.cmdline()) for p in _marked(marker) if p.is_running()):
+            if any("multiprocessing.spawn" in command_line(p) for p in _marked(marker)):
                 break
             assert server.poll() is None, "the server exited early"
             time.sleep(0.5)
@@ -253,14 +255,16 @@ def test_nothing_outlives_a_sigkilled_server(tmp_path, federation):
             pytest.fail("no ServerApp verifier process started")
         time.sleep(1.5)  # the guardian has seen the whole tree
         for p in _marked(marker):  # a ServerApp too busy to notice its SuperLink is gone (here: stopped)
-            if "flwr-serverapp" in " ".join(p.cmdline()):
-                p.suspend()
+            if "flwr-serverapp" in command_line(p):
+                with contextlib.suppress(psutil.Error):
+                    p.suspend()
         server.kill()
         server.wait()
         t0 = time.monotonic()
 
         def left():  # the supervisor's guardian itself exits once everything else is gone
-            return [" ".join(p.cmdline())[:100] for p in _marked(marker) if "select.select" not in " ".join(p.cmdline())]
+            lines = [command_line(p) for p in _marked(marker)]
+            return [c[:100] for c in lines if c and "select.select" not in c]
 
         while left() and time.monotonic() < t0 + 30:
             time.sleep(0.2)

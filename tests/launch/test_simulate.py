@@ -23,7 +23,7 @@ import pytest
 from hacrl_fed.config import ConfigError, SimulateConfig, load_config
 from hacrl_fed.launch.simulate import default_config, prepare_run, worker_env
 from hacrl_fed.protocol.keys import Roster, load_signing_key, public_key_b64
-from procs import MARKER
+from procs import MARKER, command_line
 from procs import marked_processes as _marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def _assert_no_leftovers(marker: str, patience_s: float = 20.0) -> None:
     deadline = time.monotonic() + patience_s
     while (left := _marked(marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not left, "processes outlived simulate: " + "; ".join(" ".join(p.cmdline()[:4]) for p in left)
+    assert not left, "processes outlived simulate: " + "; ".join(command_line(p)[:200] for p in left)
 
 
 def _simulate(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, str]:
