@@ -324,6 +324,9 @@ def _screened(cell: dict, source: str) -> dict[str, float]:
         t["seen"] += m.get("screen_rows", 0.0)
         if m.get("quarantined_rows", 0.0):   # none of its rows trained this step
             t["out"] += m["quarantined_rows"]
+        elif "screened_out" in m:   # rows a screen acted on, once each; out = not trained
+            t["cut"] += m["screened_rows"] - m["screened_out"]
+            t["out"] += m["screened_out"]
         else:
             t["cut"] += m.get("screened_tail_cut", 0.0)
             t["out"] += m.get("screened_rows", 0.0) - m.get("screened_tail_cut", 0.0)

@@ -109,6 +109,7 @@ class SiteGuard:
         self._decided: dict[RowKey, float] = {}
         self._own_bytes: dict[tuple[str, int], int] = {}
         self._refused: list[str] = []
+        self._screened: dict[str, dict[tuple[str, int], bool]] = {}
 
     @property
     def active(self) -> bool:
@@ -124,12 +125,22 @@ class SiteGuard:
     def _count(self, source: str, what: str, n: float = 1.0) -> None:
         self._counts.setdefault(source, Counter())[what] += n
 
+    def _screened_row(self, source: str, key: tuple[str, int], rewarded: bool, *, out: bool) -> None:
+        """Record that a screen acted on row ``key`` (prompt id, sample index) of ``source``: a row that two
+        screens act on (a cut tail, then the likelihood gate) counts once in ``screened_rows`` and
+        ``rewarded_screened``; ``out`` marks it not trained (``screened_out``)."""
+        rows = self._screened.setdefault(source, {})
+        if key not in rows:
+            self._count(source, "rewarded_screened", float(rewarded))
+        rows[key] = rows.get(key, False) or out
+
     # ------------------------------------------------------------------ the step
 
     def begin_step(self, step: int, own_texts: Mapping[tuple[str, int], str]) -> None:
         """Start ``step``; ``own_texts`` maps (prompt id, sample index) → the learner's own response text."""
         self.step = step
         self._counts, self._ll, self._z, self._decided, self._refused = {}, {}, {}, {}, []
+        self._screened = {}
         self._own_bytes = {k: len(t.lstrip().encode("utf-8")) for k, t in own_texts.items()}
 
     def reverify(self, foreign: Mapping[str, Sequence[pb.Rollout]], references: Mapping[str, pb.PromptItem],
@@ -219,7 +230,7 @@ class SiteGuard:
                     continue
                 what = "screened_length" if d.screen == "length" else f"screened_tail_{d.action}"
                 self._count(src, what)
-                self._count(src, "rewarded_screened", float(rewarded))
+                self._screened_row(src, (r.prompt_id, int(r.sample_index)), rewarded, out=d.action != "cut")
                 log.info("step %d: %s %s#%d: %s", self.step, src, r.prompt_id, r.sample_index, d.reason)
                 if d.action == "cut":
                     kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
@@ -272,7 +283,7 @@ class SiteGuard:
             else:
                 weight = 0.0
                 self._count(src, "screened_likelihood")
-                self._count(src, "rewarded_screened", float(row.reward > 0))
+                self._screened_row(src, (row.prompt_id, int(row.sample_index)), row.reward > 0, out=True)
                 log.info("step %d: %s %s#%d: %s", self.step, src, row.prompt_id, row.sample_index, d.reason)
             if d.z_source is not None:
                 self._z.setdefault(src, []).append(d.z_source)
@@ -289,8 +300,8 @@ class SiteGuard:
             if src == self.learner:
                 continue
             c = self._counts.get(src, Counter())
-            screened = (c["screened_likelihood"] + c["screened_tail_cut"] + c["screened_tail_reject"]
-                        + c["screened_length"])
+            acted = self._screened.get(src, {})
+            screened = len(acted)
             before = self.standing.get(src, SourceStanding())
             flagged, reason = step_flagged(int(c["rewarded_rows"]), int(c["rewarded_screened"]),
                                            int(c["claim_disagreements"]), q)
@@ -306,6 +317,7 @@ class SiteGuard:
                          "screened_length", "quarantined_rows"):
                 metrics[f"src/{src}/{name}" if name != "rows" else f"src/{src}/screen_rows"] = float(c[name])
             metrics[f"src/{src}/screened_rows"] = float(screened)
+            metrics[f"src/{src}/screened_out"] = float(sum(acted.values()))
             metrics[f"src/{src}/flagged"] = float(flagged)
             metrics[f"src/{src}/standing"] = _STATUS_CODE[after.status]
             metrics[f"src/{src}/screen_weight"] = after.weight(q)

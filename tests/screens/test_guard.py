@@ -197,3 +197,20 @@ def test_screens_off_pass_everything():
     rows = [rollout("q0", 0, correct("q0") + PAYLOAD * 3)]
     assert not g.active
     assert g.screen_text({"m": rows}, own_texts())["m"] == rows
+
+
+def test_a_row_two_screens_act_on_counts_once():
+    """A payload tail cut, then the likelihood gate on the cut row: one screened row (and one rewarded row
+    screened for the quarantine's flag), left out; a row only cut is screened but still trained."""
+    g = guard(likelihood={"warmup_rows": 8})
+    g.begin_step(1, {(f"q{i % 4}", i): "x" * 100 for i in range(16)})
+    poisoned = [rollout("q0", 0, correct("q0") + PAYLOAD), rollout("q1", 0, correct("q1") + PAYLOAD)]
+    out = g.screen_text({"mallory": poisoned}, own_texts())["mallory"]
+    assert len(out) == 2                                                        # both cut, both still rows
+    g.gate([_row("me", f"q{i % 4}", i, 100) for i in range(16)], [-25.0 - (i % 3) for i in range(16)])
+    rows = [_row("mallory", r.prompt_id, r.sample_index, 100) for r in out]
+    assert g.gate(rows, [-300.0, -26.0]) == [0.0, 1.0]                          # the first is also an outlier
+    metrics, _ = g.finish_step(["mallory"])
+    assert metrics["src/mallory/screened_tail_cut"] == 2 and metrics["src/mallory/screened_likelihood"] == 1
+    assert metrics["src/mallory/screened_rows"] == 2 and metrics["src/mallory/screened_out"] == 1
+    assert metrics["src/mallory/rewarded_screened"] == 2 == metrics["src/mallory/rewarded_rows"]
