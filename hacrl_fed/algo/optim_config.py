@@ -33,6 +33,19 @@ class OptimConfig(BaseModel):
     """Rows per optimizer update (one update = one mini-batch = one stepwise index m)."""
     micro_batch_tokens: PositiveInt = 4096
     """Token budget of one forward/backward (padded prompt + response tokens)."""
+    shared_prompt_forward: Literal["auto", "on", "off"] = "auto"
+    """Run each prompt once per micro-batch in the update's forward passes (loss, GRPO old log-probs, reference):
+    the rows that share identical prompt ids (a group's G samples, foreign rows re-tokenized to the same prompt)
+    are packed into one sequence ``[prompt, resp_1, …, resp_k]`` whose 4-D attention mask lets each response
+    see the prompt and, causally, itself only, with position ids restarting at the prompt's length
+    (:mod:`hacrl_fed.tokenization.packing`); the log-probs and entropies are unpacked to the rows. Why: the
+    prompt is otherwise recomputed G times and every row padded to the longest; one SmolLM2-135M training
+    forward+backward of 2 × 4 rows costs about 0.55× on a CPU (``benchmarks/bench_packing.py``). A
+    computation change, not a math change: log-probs equal the unpacked ones to float32 rounding (max |Δ|
+    ≈ 1e-6, gradients ≈ 1e-6 relative; tests/algo/test_packing.py). ``micro_batch_tokens`` then counts packed
+    tokens. ``auto``: on where the family takes such a mask exactly (Llama-family and Gemma-3 text decoders
+    under sdpa or eager attention, also LoRA; :func:`hacrl_fed.algo.logprobs.packing_unsupported`), the
+    unpacked forward otherwise (e.g. flash attention, other families); ``on``: fail if not; ``off``: never."""
     logprob_chunk_tokens: PositiveInt = 1024
     """Positions per chunk when computing selected-token log-probs (no full [T, V] log-softmax)."""
     epochs: PositiveInt = 1
