@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from hacrl_fed.algo.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
 from hacrl_fed.algo.schedule import scheduled_lr
-from hacrl_fed.tokenization.packing import pack_rows, plan_packed_microbatches
+from hacrl_fed.tokenization.packing import pack_rows, pair_cost, plan_packed_microbatches
 from hacrl_fed.tokenization.views import TrainingRow, collate
 
 if TYPE_CHECKING:
@@ -243,14 +243,14 @@ def _use_packing(model: nn.Module, optim: OptimConfig) -> bool:
 
 def _micro_plan(ctx: _Context, rows: list[TrainingRow], idx: Sequence[int]) -> list[tuple[list[int], list | None]]:
     """Micro-batches of the rows ``idx`` (as row indices) by ``optim.micro_batch_tokens``, each with its packs
-    (positions within the micro-batch; None unpacked)."""
+    (positions within the micro-batch; None unpacked); a pack's size from the model's :func:`pair_cost`."""
     budget = ctx.optim.micro_batch_tokens
     if not ctx.packing:
         return [([idx[j] for j in m], None)
                 for m in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in idx], budget)]
     out = []
     for micro in plan_packed_microbatches([rows[i].prompt_ids for i in idx], [len(rows[i].response_ids) for i in idx],
-                                          budget):
+                                          budget, pair_cost(getattr(ctx.model, "config", None))):
         flat = [j for pack in micro for j in pack]
         where = {j: n for n, j in enumerate(flat)}
         out.append(([idx[j] for j in flat], [[where[j] for j in pack] for pack in micro]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedPrompts", "pack_rows", "plan_packed_microbatches"]
+__all__ = ["PackedPrompts", "pack_rows", "pair_cost", "plan_packed_microbatches"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,18 @@ class PackedPrompts:
     def to(self, device: torch.device | str) -> PackedPrompts:
         """The same layout on ``device``."""
         return PackedPrompts(*(t.to(device) for t in (self.input_ids, self.position_ids, self.segments, self.index)))
+
+
+def pair_cost(config) -> float:
+    """Linear work per token over attention work per token pair of a decoder layer, from a HF text config
+    (hidden ``d``, ``h`` query / ``kv`` key-value heads of ``hd``, MLP width ``f``; gated MLP):
+    ``(2d·hd·(h + kv) + 3d·f) / (2h·hd)`` — 3072 for SmolLM2-135M. ``inf`` when the config lacks a size."""
+    d, h, f = (getattr(config, k, None) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+    if not (isinstance(d, int) and isinstance(h, int) and isinstance(f, int) and h > 0):
+        return math.inf
+    hd = getattr(config, "head_dim", None) or d // h
+    kv = getattr(config, "num_key_value_heads", None) or h
+    return (2 * d * hd * (h + kv) + 3 * d * f) / (2 * h * hd)
 
 
 def _split_group(prompt_len: int, lengths: list[int], pair_cost: float, budget: int) -> list[list[int]]:

@@ -78,6 +78,20 @@ def test_plan_groups_shared_prompts_within_budget():
         assert len(micro) == 1 or len(micro) * max(widths) <= 40
 
 
+def test_pack_size_follows_the_models_attention_cost():
+    from types import SimpleNamespace
+
+    from hacrl_fed.tokenization.packing import pair_cost
+
+    smollm2 = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                              intermediate_size=1536)
+    assert pair_cost(smollm2) == 3072 and pair_cost(None) == float("inf")
+    # P = 45, R = 90: the cheapest pack is (P/R)·sqrt(1 + 3072/P) ≈ 4.2 responses
+    plan = plan_packed_microbatches([[1] * 45] * 8, [90] * 8, 10**6, pair_cost(smollm2))
+    assert sorted(len(p) for m in plan for p in m) == [4, 4]
+    assert [len(p) for m in plan_packed_microbatches([[1] * 45] * 8, [90] * 8, 10**6) for p in m] == [8]
+
+
 def test_pack_rows_rejects_a_pack_without_one_prompt():
     rows = [Row([1, 2], [3]), Row([1, 7], [4])]
     batch = collate(rows, 0)
