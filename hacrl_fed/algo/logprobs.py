@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from hacrl_fed.tokenization.packing import PackedPrompts
+
 
 def unwrap_causal_lm(model: nn.Module) -> tuple[nn.Module, nn.Module, object]:
     """Return ``(decoder, lm_head, text_config)`` of a causal LM, also through ``peft`` wrappers.
@@ -174,6 +176,50 @@ class _LinearSelectedLogProb(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
+_PACKED_FAMILIES = {"llama": False, "gemma3_text": True}
+"""model_type -> its decoder takes a ``{layer type: mask}`` dict (Gemma-3: sliding and full layers); the
+families whose decoder takes a custom 4-D mask as given, so shared-prompt packing is exact (tests/algo)."""
+
+
+def packing_unsupported(model: nn.Module) -> str | None:
+    """Why ``token_logprobs(packed=...)`` cannot run ``model`` exactly, or None when it can (a Llama or
+    Gemma-3 text decoder under ``sdpa`` or ``eager`` attention, also through ``peft``)."""
+    try:
+        config = unwrap_causal_lm(model)[2]
+    except TypeError as exc:
+        return str(exc)
+    kind, attn = getattr(config, "model_type", None), getattr(config, "_attn_implementation", None)
+    if kind not in _PACKED_FAMILIES:
+        return f"model_type {kind!r} is not one of {sorted(_PACKED_FAMILIES)}"
+    if attn not in ("sdpa", "eager"):
+        return f"attention implementation {attn!r} ignores a custom 4-D mask (sdpa or eager needed)"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
+    return None
+
+
+def _packed_mask(packed: PackedPrompts, config, dtype: torch.dtype) -> Tensor | dict[str, Tensor]:
+    """The decoder's attention mask of a packed batch: [S, 1, L, L], a query attends the prompt and causally
+    its own segment (padding only itself); bool for sdpa, additive float for eager; Gemma-3 adds the sliding
+    layers' mask (window over the positions in the row)."""
+    seg, pos = packed.segments, packed.position_ids
+    q, k = seg[:, :, None], seg[:, None, :]
+    width = seg.shape[1]
+    eye = torch.eye(width, dtype=torch.bool, device=seg.device)
+    allowed = (torch.ones_like(eye).tril() & (q >= 0) & ((k == 0) | (k == q))) | eye
+
+    def form(mask: Tensor) -> Tensor:
+        if config._attn_implementation == "sdpa":
+            return mask[:, None]
+        return torch.zeros(mask[:, None].shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask[:, None], torch.finfo(dtype).min)
+
+    if not _PACKED_FAMILIES[config.model_type]:
+        return form(allowed)
+    sliding = allowed & ((pos[:, :, None] - pos[:, None, :]) < config.sliding_window)
+    return {"full_attention": form(allowed), "sliding_attention": form(sliding)}
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Position ids [B, T] counting only attended tokens (left or right padding); 0 at leading padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -181,7 +227,7 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, temperature: float = 1.0,
                    chunk_tokens: int = 1024, fused: bool | None = None, score_mask: Tensor | None = None,
-                   return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                   return_entropy: bool = False, packed: PackedPrompts | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probs of the tokens in ``input_ids`` under ``model``, chunked over the LM head.
 
     Args:
@@ -211,6 +257,7 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     Raises:
         ValueError: on mismatched shapes, a non-positive temperature or chunk size.
         TypeError: when ``model`` has no decoder / output embedding, or ``fused=True`` with a non-Linear head.
+        ValueError: ``packed`` for a model :func:`packing_unsupported` rejects.
     """
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
@@ -224,16 +271,25 @@ def token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, 
     decoder, head, config = unwrap_causal_lm(model)
     cap, scale = _logit_transform(config)
     mask = attention_mask.bool()
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask.long(),
-                  position_ids=position_ids_from_mask(mask), use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]   # [B, T, H]
+    if packed is None:
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask.long(),
+                      position_ids=position_ids_from_mask(mask), use_cache=False)
+    elif (why := packing_unsupported(model)) is not None:
+        raise ValueError(f"packed log-probs are not exact for this model: {why}")
+    else:
+        out = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                      attention_mask=_packed_mask(packed, config, next(decoder.parameters()).dtype))
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]   # [B or S, T or L, H]
 
     # position t is scored from hidden state t-1; both t and t-1 must be real tokens
     valid = torch.zeros_like(mask)
     valid[:, 1:] = mask[:, 1:] & mask[:, :-1]
     if score_mask is not None:
         valid &= score_mask.bool()
-    h = hidden[:, :-1][valid[:, 1:]]                                                   # [N, H]
+    if packed is None:
+        h = hidden[:, :-1][valid[:, 1:]]                                               # [N, H]
+    else:  # the state before row b's token t sits at packed.index[b, t - 1]
+        h = hidden.reshape(-1, hidden.shape[-1])[packed.index[:, :-1][valid[:, 1:]]]
     targets = input_ids[:, 1:][valid[:, 1:]]                                          # [N]
     inv_t = 1.0 / temperature
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))

@@ -33,6 +33,23 @@ class OptimConfig(BaseModel):
     """Rows per optimizer update (one update = one mini-batch = one stepwise index m)."""
     micro_batch_tokens: PositiveInt = 4096
     """Token budget of one forward/backward (padded prompt + response tokens)."""
+    shared_prompt_forward: Literal["auto", "on", "off"] = "auto"
+    """Run each prompt once per micro-batch in the update's forward passes (loss, GRPO old log-probs, reference):
+    the rows that share identical prompt ids (a group's G samples, foreign rows re-tokenized to the same prompt)
+    are packed into one sequence ``[prompt, resp_1, …, resp_k]`` whose 4-D attention mask lets each response
+    see the prompt and, causally, itself only, with position ids restarting at the prompt's length
+    (:mod:`hacrl_fed.tokenization.packing`); the log-probs and entropies are unpacked to the rows. Why: the
+    prompt is otherwise recomputed G times and every row padded to the longest; a pack takes about the
+    cheapest number of responses for the model's linear vs attention cost
+    (:func:`hacrl_fed.tokenization.packing.pair_cost`; ~4 for SmolLM2-135M). A SmolLM2-135M GSPO update on a CPU costs 0.73× (2 × 4 rows)
+    and 0.80× (4 × 8) of the unpacked one (``benchmarks/bench_packing.py``). A computation change, not a
+    math change: float32 log-probs and entropies equal the unpacked ones within 1e-6 (max |Δ| measured
+    9.5e-7 and 1.9e-6), gradients within 1e-6 of each tensor's largest entry (tests/algo/test_packing.py);
+    update Δθ cosine ≥ 0.999999995. ``micro_batch_tokens`` then counts packed tokens. ``auto``: on where the
+    family takes such a mask exactly (``model_type`` llama — SmolLM2 — and gemma3_text, whose sliding layers
+    get their own windowed mask; sdpa or eager attention; also LoRA-wrapped:
+    :func:`hacrl_fed.algo.logprobs.packing_unsupported`), the unpacked forward otherwise (flash attention,
+    Qwen and other families); ``on``: fail (ValueError) where it cannot; ``off``: never."""
     logprob_chunk_tokens: PositiveInt = 1024
     """Positions per chunk when computing selected-token log-probs (no full [T, V] log-softmax)."""
     epochs: PositiveInt = 1

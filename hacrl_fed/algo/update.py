@@ -2,7 +2,7 @@
 
     rows (own + foreign, learner tokens) ─ order: own first, then each source in sorted order
       └ epochs × mini-batches of ``optim.mini_batch_rows``      (one AdamW step each; stepwise m)
-          └ micro-batches by padded-token budget ``optim.micro_batch_tokens``
+          └ micro-batches by padded-token budget ``optim.micro_batch_tokens`` (rows sharing a prompt packed)
               token log-probs (chunked LM head) → compute_loss → backward (sums to the mini-batch mean)
           grad-norm clip → optimizer step
 
@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.algo.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
 from hacrl_fed.algo.schedule import scheduled_lr
+from hacrl_fed.tokenization.packing import pack_rows, pair_cost, plan_packed_microbatches
 from hacrl_fed.tokenization.views import TrainingRow, collate
 
 if TYPE_CHECKING:
@@ -203,6 +204,7 @@ class _Context:
     max_response_tokens: int | None = None
     autocast_dtype: torch.dtype | None = None
     row_gate: RowGate | None = None
+    packing: bool = False
 
     def in_loss(self, row: TrainingRow) -> bool:
         """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
@@ -231,17 +233,48 @@ def _gate_weights(ctx: _Context, rows: list[TrainingRow], idx: list[int], logp: 
     return out
 
 
-def _batch(ctx: _Context, rows: list[TrainingRow]) -> dict[str, Tensor]:
-    return {k: v.to(ctx.device) for k, v in collate(rows, ctx.pad_id).items()}
+def _use_packing(model: nn.Module, optim: OptimConfig) -> bool:
+    """Resolve ``optim.shared_prompt_forward`` for ``model`` (``on`` for a model it cannot run: ValueError)."""
+    why = packing_unsupported(model) if optim.shared_prompt_forward != "off" else None
+    if why is not None and optim.shared_prompt_forward == "on":
+        raise ValueError(f"optim.shared_prompt_forward = 'on' but packing is not exact for this model: {why}")
+    return optim.shared_prompt_forward != "off" and why is None
 
 
-def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Tensor], *, entropy: bool = False):
+def _micro_plan(ctx: _Context, rows: list[TrainingRow], idx: Sequence[int]) -> list[tuple[list[int], list | None]]:
+    """Micro-batches of the rows ``idx`` (as row indices) by ``optim.micro_batch_tokens``, each with its packs
+    (positions within the micro-batch; None unpacked); a pack's size from the model's :func:`pair_cost`."""
+    budget = ctx.optim.micro_batch_tokens
+    if not ctx.packing:
+        return [([idx[j] for j in m], None)
+                for m in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in idx], budget)]
+    out = []
+    for micro in plan_packed_microbatches([rows[i].prompt_ids for i in idx], [len(rows[i].response_ids) for i in idx],
+                                          budget, pair_cost(getattr(ctx.model, "config", None))):
+        flat = [j for pack in micro for j in pack]
+        where = {j: n for n, j in enumerate(flat)}
+        out.append(([idx[j] for j in flat], [[where[j] for j in pack] for pack in micro]))
+    return out
+
+
+def _batch(ctx: _Context, rows: list[TrainingRow], packs: list | None = None) -> dict[str, Any]:
+    batch: dict[str, Any] = {k: v.to(ctx.device) for k, v in collate(rows, ctx.pad_id).items()}
+    if packs is not None:
+        batch["packed"] = pack_rows(batch["input_ids"].cpu(), batch["prompt_lens"].cpu(), batch["response_lens"].cpu(),
+                                    packs, ctx.pad_id).to(ctx.device)
+    return batch
+
+
+def _logprobs(ctx: _Context, model: nn.Module, batch: dict[str, Any], *, entropy: bool = False):
     """Response-token log-probs [B, T] (LM head over response positions only; with ``entropy`` also the
-    per-token entropy), under autocast if asked."""
+    per-token entropy), under autocast if asked; through the packed layout where the batch has one."""
+    packed = batch.get("packed")
+    if packed is not None and model is not ctx.model and packing_unsupported(model) is not None:
+        packed = None
     with torch.autocast(device_type=ctx.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast_dtype is not None):
         return token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=ctx.temperature,
                               chunk_tokens=ctx.optim.logprob_chunk_tokens, score_mask=batch["response_mask"],
-                              return_entropy=entropy)
+                              return_entropy=entropy, packed=packed)
 
 
 @torch.no_grad()
@@ -253,10 +286,8 @@ def _old_token_logprobs(ctx: _Context, rows: list[TrainingRow]) -> dict[int, Ten
     was_training = ctx.model.training
     ctx.model.eval()
     try:
-        for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in own],
-                                       ctx.optim.micro_batch_tokens):
-            idx = [own[j] for j in micro]
-            batch = _batch(ctx, [rows[i] for i in idx])
+        for idx, packs in _micro_plan(ctx, rows, own):
+            batch = _batch(ctx, [rows[i] for i in idx], packs)
             logp = _logprobs(ctx, ctx.model, batch)
             for b, i in enumerate(idx):
                 out[i] = logp[b][batch["response_mask"][b].bool()].detach()
@@ -265,10 +296,10 @@ def _old_token_logprobs(ctx: _Context, rows: list[TrainingRow]) -> dict[int, Ten
     return out
 
 
-def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], adv: list[float],
+def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], packs: list | None, adv: list[float],
                   ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch,
                   n_own_tokens: int, n_tokens: int, stats: _Stats) -> tuple[LossInputs, int]:
-    batch = _batch(ctx, [rows[i] for i in idx])
+    batch = _batch(ctx, [rows[i] for i in idx], packs)
     resp = batch["response_mask"].bool()
     is_own = torch.tensor([rows[i].is_own for i in idx], dtype=torch.bool, device=ctx.device)
     in_loss = torch.tensor([ctx.in_loss(rows[i]) for i in idx], dtype=torch.bool, device=ctx.device)
@@ -317,10 +348,8 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
     n_own_tokens = sum(len(rows[i].response_ids) for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
     n_tokens = sum(len(rows[i].response_ids) for i in mb.rows if ctx.in_loss(rows[i]))
     loss_sum = pg_sum = kl_sum = 0.0
-    for micro in plan_microbatches([len(rows[i].prompt_ids) + len(rows[i].response_ids) for i in mb.rows],
-                                   ctx.optim.micro_batch_tokens):
-        idx = [mb.rows[j] for j in micro]
-        inputs, tokens = _micro_inputs(ctx, rows, idx, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)
+    for idx, packs in _micro_plan(ctx, rows, mb.rows):
+        inputs, tokens = _micro_inputs(ctx, rows, idx, packs, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)
         out = compute_loss(inputs, ctx.algo)
         # micro losses are normalized by the mini-batch sizes ⇒ their sum is the mini-batch loss
         out.loss.backward()
@@ -396,8 +425,9 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
-            ``ref_model`` with ``kl_coef > 0``, an autocast dtype other than bfloat16 / float16 — all before
-            any parameter changes.
+            ``ref_model`` with ``kl_coef > 0``, an autocast dtype other than bfloat16 / float16,
+            ``optim.shared_prompt_forward = "on"`` for a model packing cannot run exactly — all before any
+            parameter changes.
     """
     rows = list(rows)
     _validate(rows, advantages, ratios, algo, learner)
@@ -416,7 +446,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
                    _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype,
-                   row_gate)
+                   row_gate, _use_packing(model, optim))
     stats.masked_rows = sum(not ctx.in_loss(r) for r in rows)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
     plan = plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
