@@ -190,12 +190,9 @@ class Attack:
                  eval_items, eval_tokens: int, rescore: bool = False) -> dict:
         from hacrl_fed.algo.capability import CapabilityTracker
         from hacrl_fed.algo.screens import ScreenConfig
-        from hacrl_fed.coordinator.phases import capability_table, reverify
         from hacrl_fed.data.sampler import PromptSampler
         from hacrl_fed.protocol.envelope import sign_batch
-        from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
         from hacrl_fed.screens import SiteGuard
-        from hacrl_fed.v1 import rollout_pb2 as pb
         from hacrl_fed.v1 import worker_pb2 as wpb
 
         fed, run = self.fed, self.cfg.run
@@ -223,18 +220,8 @@ class Attack:
                         rescore_batch(fed.workers[ATTACKER], batch, plan, variant)
                 w = fed.workers[name]
                 envelopes[name] = sign_batch(batch, w.key, w.name)
-            accepted, rejected = [], {}
-            for name, env in envelopes.items():
-                try:
-                    accepted.append(validate_envelope(env.SerializeToString(), fed.roster, plan, expected_agent=name,
-                                                      max_bytes=run.max_batch_bytes))
-                except BatchRejected as err:
-                    rejected[name] = str(err)
-            verdicts = reverify(fed.verifier.verify, accepted, plan)
-            accuracy = {a: v.accuracy for a, v in verdicts.items()}
-            tracker.update(accuracy)
-            table = capability_table(tracker, plan, accuracy, [c for v in verdicts.values() for c in v.corrections])
-            pool = [pb.SignedEnvelope.FromString(item.envelope) for item in accepted]
+            _, rejected, accuracy, table, pool = fed.coordinate(
+                {name: env.SerializeToString() for name, env in envelopes.items()}, plan, tracker)
             t = time.perf_counter()
             report = victim.train(wpb.TrainRequest(run_id=run_id, step=step, envelopes=pool, capabilities=table,
                                                    plan=plan))

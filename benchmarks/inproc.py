@@ -144,26 +144,14 @@ class Federation:
             plan = build_round_plan(run_id=run_id, step=step, problems=sampler.next_batch(),
                                     samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=seed,
                                     deadline_unix_s=time.time() + 3600)
-            envelopes, gen_s, rejected, gen_m = {}, {}, {}, {}
+            envelopes, gen_s, gen_m = {}, {}, {}
             for n in names:
                 t = time.perf_counter()
                 resp = self.workers[n].generate(plan)
                 envelopes[n] = resp.envelope.SerializeToString()
                 gen_m[n] = dict(resp.metrics)
                 gen_s[n] = time.perf_counter() - t
-            accepted = []
-            for n, raw in envelopes.items():
-                try:
-                    accepted.append(validate_envelope(raw, self.roster, plan, expected_agent=n,
-                                                      max_bytes=run.max_batch_bytes))
-                except BatchRejected as err:
-                    rejected[n] = str(err)
-            verdicts = reverify(self.verifier.verify, accepted, plan)
-            accuracy = {a: v.accuracy for a, v in verdicts.items()}
-            tracker.update(accuracy)
-            corrections = [c for v in verdicts.values() for c in v.corrections]
-            table = capability_table(tracker, plan, accuracy, corrections)
-            pool = [pb.SignedEnvelope.FromString(item.envelope) for item in accepted]
+            accepted, rejected, accuracy, table, pool = self.coordinate(envelopes, plan, tracker)
             reports, train_s = {}, {}
             for item in accepted:
                 t = time.perf_counter()
@@ -175,6 +163,23 @@ class Federation:
             if on_step:
                 on_step(result)
         return out
+
+    def coordinate(self, envelopes: dict[str, bytes], plan, tracker):
+        """The coordinator's part of a step on serialized envelopes (agent → bytes): validation, re-verification,
+        the capability update and table. Returns (accepted items, {agent: rejection}, {agent: accuracy}, the
+        CapabilityTable, the pooled SignedEnvelopes)."""
+        accepted, rejected = [], {}
+        for n, raw in envelopes.items():
+            try:
+                accepted.append(validate_envelope(raw, self.roster, plan, expected_agent=n,
+                                                  max_bytes=self.cfg.run.max_batch_bytes))
+            except BatchRejected as err:
+                rejected[n] = str(err)
+        verdicts = reverify(self.verifier.verify, accepted, plan)
+        accuracy = {a: v.accuracy for a, v in verdicts.items()}
+        tracker.update(accuracy)
+        table = capability_table(tracker, plan, accuracy, [c for v in verdicts.values() for c in v.corrections])
+        return accepted, rejected, accuracy, table, [pb.SignedEnvelope.FromString(i.envelope) for i in accepted]
 
     def evaluate(self, problems: Sequence[Any], *, max_new_tokens: int | None = None,
                  agents: Sequence[str] | None = None) -> dict[str, dict[str, bool]]:
