@@ -26,7 +26,7 @@ their hit rate on mallory's payload rows; per step the rows of each source that 
 Resumable: every finished cell is ``<out>/cells/<variant>-<on|off>-s<seed>.json`` (commit them as they
 come) and skipped on the next run; ``--summary-only`` rebuilds ``results.md`` from the cells.
 
-    python benchmarks/attack_poison.py --tiny --oracle --steps 2 --out /tmp/poison-tiny      # mechanism, ~1 min
+    python benchmarks/attack_poison.py --tiny --oracle --steps 2 --out /tmp/poison-tiny      # mechanism, 1-2 min
     nice -n 10 python benchmarks/attack_poison.py --out benchmarks/results/poison               # real pair
     python benchmarks/attack_poison.py --out benchmarks/results/poison --summary-only
 """
