@@ -138,13 +138,13 @@ def rescore_batch(worker, batch, plan, variant: str) -> None:
 
     prompts = worker._render(plan.prompts)
     cap = plan.sampling.max_new_tokens or 10**9
+    refs = {p.prompt_id: p.reference_answer for p in plan.prompts}
     rows = [_attacker_row(worker, prompts[r.prompt_id], r) for r in batch.rollouts]
-    for r, row in zip(batch.rollouts, rows):
-        if len(row.response_ids) > cap:   # too long for the plan once rewritten: the short oracle answer instead
-            ref = next(p.reference_answer for p in plan.prompts if p.prompt_id == r.prompt_id)
-            r.response_text = poison_text(f"The answer is \\boxed{{{ref}}}.", variant)
+    for n, r in enumerate(batch.rollouts):
+        if len(rows[n].response_ids) > cap:   # too long for the plan once rewritten: the short oracle answer
+            r.response_text = poison_text(f"The answer is \\boxed{{{refs[r.prompt_id]}}}.", variant)
             r.finish_reason = pb.STOP
-    rows = [_attacker_row(worker, prompts[r.prompt_id], r) for r in batch.rollouts]
+            rows[n] = _attacker_row(worker, prompts[r.prompt_id], r)
     scored = worker.engine.score([row.prompt_ids for row in rows], [row.response_ids for row in rows],
                                  temperature=plan.sampling.temperature or 1.0)
     for r, row, (total, count, per_token) in zip(batch.rollouts, rows, scored):

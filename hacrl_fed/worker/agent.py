@@ -180,8 +180,8 @@ class AgentWorker:
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
-                               rewards=rewards, autocast_dtype=self.loaded.autocast_dtype)
-        self.trainer.guard = SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward)
+                               rewards=rewards, autocast_dtype=self.loaded.autocast_dtype,
+                               guard=SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward))
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self._fingerprint: str | None = None
         self._saved_step = 0
