@@ -304,11 +304,13 @@ def partial_emission(after: dict) -> float:
 def _screened(cell: dict, source: str) -> dict[str, float]:
     """Over the cell's steps, ``source``'s rows as the victim's screens saw them: ``seen``, ``cut`` (trained
     without their tail), ``out`` (left out: rejected, likelihood-screened or quarantined), and of its rewarded
-    rows ``rewarded`` / ``rewarded_screened``."""
-    t = dict.fromkeys(("seen", "cut", "out", "rewarded", "rewarded_screened"), 0.0)
+    rows ``rewarded`` / ``rewarded_screened``; ``phrase_cut``: rows trained with a recurring phrase cut out (a row
+    may also be counted in ``cut``)."""
+    t = dict.fromkeys(("seen", "cut", "out", "rewarded", "rewarded_screened", "phrase_cut"), 0.0)
     for s in cell["per_step"]:
         m = s["per_source"].get(source, {})
         t["seen"] += m.get("screen_rows", 0.0)
+        t["phrase_cut"] += m.get("screened_phrase_cut", 0.0)
         if m.get("quarantined_rows", 0.0):   # none of its rows trained this step
             t["out"] += m["quarantined_rows"]
         elif "screened_out" in m:   # rows a screen acted on, once each; out = not trained
@@ -343,9 +345,10 @@ def summarize(out: Path) -> str:
              "response (one forward per held-out prompt); it rises as the victim learns the payload, before the "
              "greedy choice flips to it.", "",
              "Screened rows: cut = trained without the text after the answer; out = not trained (rejected, "
-             "likelihood-screened, or its source quarantined). Honest rows screened is the false-positive rate.", "",
+             "likelihood-screened, or its source quarantined); phrase = trained with a recurring phrase cut out "
+             "(cells before the phrase screen: none). Honest rows screened is the false-positive rate.", "",
              "| variant | screens | seed | emission after | partial | payload log-prob | held-out acc. after "
-             "| mallory's payload rows: cut / out | honest rows: cut / out (rewarded rows screened) "
+             "| mallory's payload rows: cut / out / phrase | honest rows: cut / out / phrase (rewarded rows screened) "
              "| mallory standing | cell s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(cells, key=lambda c: (VARIANTS.index(c["variant"]), not c["screens"], c["seed"])):
@@ -359,9 +362,11 @@ def summarize(out: Path) -> str:
             f"| {c['variant']} | {'on' if c['screens'] else 'off'} | {c['seed']} | "
             f"{100 * emission(c['after'], c['variant']):.1f} % | {100 * partial_emission(c['after']):.1f} % | "
             + (f"{c['payload_logprob']:.2f}" if "payload_logprob" in c else "–") + f" | {100 * acc:.1f} % | "
-            + (f"{m['cut']:.0f} / {m['out']:.0f} of {poisoned}" if c["screens"] else f"– (of {poisoned})") + " | "
-            + (f"{h['cut']:.0f} / {h['out']:.0f} of {h['seen']:.0f} ({100 * h['cut'] / max(1, h['seen']):.1f} % / "
-               f"{100 * h['out'] / max(1, h['seen']):.1f} %; {h['rewarded_screened']:.0f} of {h['rewarded']:.0f})"
+            + (f"{m['cut']:.0f} / {m['out']:.0f} / {m['phrase_cut']:.0f} of {poisoned}" if c["screens"]
+               else f"– (of {poisoned})") + " | "
+            + (f"{h['cut']:.0f} / {h['out']:.0f} / {h['phrase_cut']:.0f} of {h['seen']:.0f} "
+               f"({100 * h['cut'] / max(1, h['seen']):.1f} % / {100 * h['out'] / max(1, h['seen']):.1f} % / "
+               f"{100 * h['phrase_cut'] / max(1, h['seen']):.1f} %; {h['rewarded_screened']:.0f} of {h['rewarded']:.0f})"
                if c["screens"] else "–") + " | "
             + (f"{standing} (step {since})" if since else standing) + f" | {c['train_s'] + c['eval_s']:.0f} |")
     text = "\n".join(lines) + "\n"

@@ -18,6 +18,19 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   Rows of another model family sit far from the learner's own rows by nature (README "Cross-family
   collaboration"): comparing each source with its own history, and the learner's own rows only with a
   wide margin, keeps honest cross-family rows.
+* **phrase** (:func:`recurring_phrases`, :func:`cut_phrases`): a trigger is learned only if it is the same
+  text in many rows, and a payload the attacker wants its peers to learn appears in its answers to *different*
+  prompts, while honest reasoning tied to a problem (its numbers, its wording) does not. A word n-gram
+  (``ngram_words`` lower-cased ``\\w+`` words) that occurs in one source's rows of at least
+  max(``min_prompts``, ⌈``min_prompt_frac`` × the prompts it answered⌉) distinct prompts of a step, and
+  occurs neither in the step's prompt texts nor in the learner's own responses of the step, is a *recurring
+  phrase*: it is cut out of every row of that source that holds it (with the punctuation right after it),
+  and the row is trained on the rest, the source's behaviour log-prob scaled to the kept bytes as for a cut
+  tail. A cut row is trained, so a phrase cut does not flag the step for the quarantine (an honest peer's
+  house phrase would otherwise quarantine it). Per-row likelihood statistics cannot tell such a payload from
+  honest cross-family text (:func:`span_surprise`); its recurrence can. An extension beyond arXiv
+  2511.09780 (whose screens a "long but correct" answer survived: a filler repeated across answers is a
+  recurring phrase too).
 * **answer tail** (:func:`tail_decision`): text after the final stated answer
   (:func:`hacrl_fed.reward.extract.answer_tail`) longer than ``budget_bytes`` is cut there (``policy =
   "cut"``, after the answer's closing punctuation) or the row is rejected (``"reject"``); a response longer than ``max_length_factor`` × the
@@ -40,8 +53,10 @@ log-probability screen and the long-answer attack of arXiv 2511.09780.
 from __future__ import annotations
 
 import math
+import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
@@ -50,19 +65,24 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "LikelihoodDecision",
     "LikelihoodScreenConfig",
+    "PhraseScreenConfig",
     "QuarantineConfig",
     "ScreenConfig",
     "SourceStanding",
     "TailDecision",
     "TailScreenConfig",
+    "cut_phrases",
     "likelihood_decision",
     "per_byte_loglik",
     "quarantine_step",
+    "recurring_phrases",
     "release",
     "robust_center_scale",
     "robust_z",
+    "span_surprise",
     "step_flagged",
     "tail_decision",
+    "word_ngrams",
 ]
 
 MAD_TO_SIGMA = 1.4826
@@ -97,6 +117,18 @@ class LikelihoodScreenConfig(_Strict):
     min_bytes: Annotated[int, Field(ge=1)] = 16
     """Rows with less content than this are neither screened nor part of a window (per-byte values of a few
     bytes are noise)."""
+
+
+class PhraseScreenConfig(_Strict):
+    """Recurring-phrase screen (module docstring). Units: words, prompts."""
+
+    enabled: bool = True
+    ngram_words: Annotated[int, Field(ge=2, le=16)] = 4
+    """n: words in a phrase (lower-cased ``\\w+`` runs; punctuation and spacing ignored)."""
+    min_prompts: Annotated[int, Field(ge=2)] = 2
+    """A phrase must occur in a source's rows of at least this many distinct prompts of the step …"""
+    min_prompt_frac: Annotated[float, Field(gt=0, le=1)] = 0.75
+    """… and of at least this share of the prompts the source answered in the step (rounded up)."""
 
 
 class TailScreenConfig(_Strict):
@@ -147,6 +179,7 @@ class ScreenConfig(_Strict):
     reverify: bool = True
     """Re-verify every foreign row with the site's own verifier; its verdict is the reward trained on."""
     likelihood: LikelihoodScreenConfig = Field(default_factory=LikelihoodScreenConfig)
+    phrase: PhraseScreenConfig = Field(default_factory=PhraseScreenConfig)
     tail: TailScreenConfig = Field(default_factory=TailScreenConfig)
     quarantine: QuarantineConfig = Field(default_factory=QuarantineConfig)
     release: list[str] = Field(default_factory=list)
@@ -164,6 +197,125 @@ class ScreenConfig(_Strict):
 def per_byte_loglik(logprob_sum: float, content_bytes: int) -> float:
     """ℓ = Σ log π / B: nats per UTF-8 byte of content (B floored at 1). Pure arithmetic."""
     return float(logprob_sum) / max(1, int(content_bytes))
+
+
+def span_surprise(token_logprobs: Sequence[float], span_tokens: int) -> float:
+    """σ_k: the mean log-prob (nats per token) of the least likely run of ``span_tokens`` consecutive tokens.
+
+    σ_k = min_i (1/k) Σ_{t=i}^{i+k−1} log π(y_t) over a row's content tokens (the learner's tokens of the
+    response without its terminal EOS); a row of fewer than k tokens is one span (its mean). Returns NaN for
+    no tokens and for a non-finite log-prob; ``span_tokens`` < 1: ``ValueError``. O(n), pure arithmetic.
+
+    A candidate statistic for a payload inside fluent text (it barely moves the row's mean ℓ), measured and
+    *not* used as a screen: on the default pair a learner's own temperature-1 rows hold runs as unlikely as
+    the benchmark's payload (SmolLM2: payload rows σ_8 1.7 nats/token below its own median, honest Gemma-3
+    rows 1.5 at the median and 3.7 at the 95th percentile; ``benchmarks/results/screen-calibration``), so
+    no margin screens the payload without screening more honest cross-family rows. The phrase screen
+    (:func:`recurring_phrases`) uses what does separate them: the payload recurs across prompts.
+    """
+    if span_tokens < 1:
+        raise ValueError(f"span_tokens must be >= 1, got {span_tokens}")
+    values = [float(v) for v in token_logprobs]
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    k = min(span_tokens, len(values))
+    window = sum(values[:k])
+    low = window
+    for t in range(k, len(values)):
+        window += values[t] - values[t - k]
+        low = min(low, window)
+    return low / k
+
+
+_WORD = re.compile(r"\w+")
+_AFTER = re.compile(r"[^\w\s]*")
+_SENTENCE_END = re.compile(r"[.!?]\s")
+Phrase = tuple[str, ...]
+
+
+def word_ngrams(text: str, n: int) -> dict[Phrase, list[tuple[int, int]]]:
+    """Lower-cased word n-grams of ``text`` (words = ``\\w+`` runs; an n-gram never spans two sentences) → the
+    character span (start of the first word, end of the last) of each occurrence, in order. ``n`` < 1:
+    ``ValueError``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    out: dict[Phrase, list[tuple[int, int]]] = {}
+    for words in _sentences(text):
+        for i in range(len(words) - n + 1):
+            out.setdefault(tuple(w for w, _, _ in words[i:i + n]), []).append((words[i][1], words[i + n - 1][2]))
+    return out
+
+
+def _sentences(text: str) -> list[list[tuple[str, int, int]]]:
+    """The words of ``text`` (lower-cased, with their spans) grouped by sentence: a sentence ends at a line
+    break or at ``.``/``!``/``?`` followed by whitespace (so ``www.example.org`` is one sentence)."""
+    out: list[list[tuple[str, int, int]]] = [[]]
+    prev_end = 0
+    for m in _WORD.finditer(text):
+        gap = text[prev_end:m.start()]
+        if out[-1] and ("\n" in gap or _SENTENCE_END.search(gap)):
+            out.append([])
+        out[-1].append((m.group(0).lower(), m.start(), m.end()))
+        prev_end = m.end()
+    return out
+
+
+def recurring_phrases(texts_by_prompt: Mapping[str, Sequence[str]], excluded: AbstractSet[Phrase],
+                      cfg: PhraseScreenConfig) -> set[Phrase]:
+    """The recurring phrases of one source in one step (module docstring).
+
+    Args:
+        texts_by_prompt: prompt id → the source's response texts to it.
+        excluded: phrases that are never recurring (the step's prompt texts' and the learner's own n-grams).
+        cfg: the phrase screen's settings.
+    Returns the n-grams found in rows of at least max(``min_prompts``, ⌈``min_prompt_frac`` × prompts⌉)
+    distinct prompts, minus ``excluded``; empty when disabled.
+    """
+    if not cfg.enabled:
+        return set()
+    need = max(cfg.min_prompts, math.ceil(cfg.min_prompt_frac * len(texts_by_prompt) - 1e-9))
+    seen: dict[Phrase, int] = {}
+    for texts in texts_by_prompt.values():
+        for gram in {g for t in texts for g in word_ngrams(t, cfg.ngram_words)}:
+            seen[gram] = seen.get(gram, 0) + 1
+    return {g for g, k in seen.items() if k >= need and g not in excluded}
+
+
+def cut_phrases(text: str, phrases: AbstractSet[Phrase], n: int, keep: tuple[int, int] | None = None) -> str:
+    """``text`` without any occurrence of ``phrases`` (n-grams of ``n`` words): the union of their character
+    spans, each extended over the punctuation right after it and the spaces right before it, is removed,
+    except inside ``keep`` (a character range, e.g. the final answer, that is never cut). Returns ``text``
+    unchanged when none occurs."""
+    spans: list[tuple[int, int]] = []
+    for gram, found in word_ngrams(text, n).items():
+        if gram not in phrases:
+            continue
+        for word_start, b in found:
+            b = _AFTER.match(text, b).end()
+            a = word_start
+            while a > 0 and text[a - 1] in " \t":
+                a -= 1
+            if keep is None or b <= keep[0] or a >= keep[1]:
+                spans.append((a, b))
+                continue
+            if word_start < keep[0]:   # up to the kept answer, which keeps the space before it
+                spans.append((word_start, keep[0]))
+            if b > keep[1]:
+                spans.append((keep[1], b))
+    if not spans:
+        return text
+    merged: list[list[int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out, pos = [], 0
+    for a, b in merged:
+        out.append(text[pos:a])
+        pos = b
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def robust_center_scale(values: Sequence[float], min_scale: float) -> tuple[float, float]:

@@ -28,17 +28,20 @@ from typing import Any
 from hacrl_fed.algo.screens import (
     ScreenConfig,
     SourceStanding,
+    cut_phrases,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
+    recurring_phrases,
     release,
     step_flagged,
     tail_decision,
+    word_ngrams,
 )
-from hacrl_fed.reward.extract import answer_end
+from hacrl_fed.reward.extract import answer_end, extract_final_answer
 from hacrl_fed.v1 import rollout_pb2 as pb
 
-__all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout"]
+__all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout", "rewrite_rollout"]
 
 log = logging.getLogger("hacrl_fed.screens")
 
@@ -53,31 +56,58 @@ VerifyFn = Callable[..., Sequence[Any]]
 """``verify(responses, references, styles, problems) -> [verdict]`` (``hacrl_fed.reward.Verifier.verify``)."""
 
 
-def cut_rollout(rollout: pb.Rollout, keep_bytes: int) -> pb.Rollout:
-    """A copy of ``rollout`` whose content (text without leading whitespace) is cut to ``keep_bytes`` UTF-8
-    bytes (at a character boundary), ending with STOP.
+def rewrite_rollout(rollout: pb.Rollout, content: str, *, stop: bool = False) -> pb.Rollout:
+    """A copy of ``rollout`` whose content (text without leading whitespace) is ``content``; with ``stop`` it
+    ends with STOP (a cut tail), else it keeps its finish reason.
 
     Per-token log-probs never cross the wire, so the source's behaviour sum and token count over the content
     are scaled by the kept share of the bytes (the per-byte mean is kept); the EOS log-prob is kept when the
-    source sent one, else 0 (the learner's EOS is then left out of the ratio on both sides).
+    source sent one (a row made STOP without one gets 0: the learner's EOS is then left out of the ratio on
+    both sides).
     """
-    content = rollout.response_text.lstrip()
-    lead = rollout.response_text[: len(rollout.response_text) - len(content)]
-    raw = content.encode("utf-8")
-    kept = raw[:keep_bytes].decode("utf-8", errors="ignore")
-    frac = len(kept.encode("utf-8")) / max(1, len(raw))
+    old = rollout.response_text.lstrip()
+    lead = rollout.response_text[: len(rollout.response_text) - len(old)]
+    frac = len(content.encode("utf-8")) / max(1, len(old.encode("utf-8")))
     out = pb.Rollout()
     out.CopyFrom(rollout)
     had_eos = rollout.finish_reason == pb.STOP and rollout.HasField("behaviour_eos_logprob")
     eos = float(rollout.behaviour_eos_logprob) if had_eos else 0.0
     content_sum = rollout.behaviour_logprob_sum - eos
     content_count = rollout.behaviour_token_count - (1 if had_eos else 0)
-    out.response_text = lead + kept
+    out.response_text = lead + content
     out.behaviour_logprob_sum = content_sum * frac + eos
-    out.behaviour_token_count = max(1, round(content_count * frac)) + 1
-    out.behaviour_eos_logprob = eos
-    out.finish_reason = pb.STOP
+    if stop or had_eos:
+        out.behaviour_token_count = max(1, round(content_count * frac)) + 1
+        out.behaviour_eos_logprob = eos
+        out.finish_reason = pb.STOP
+    else:   # unchanged finish reason; a STOP row without the EOS field keeps its terms together
+        out.behaviour_token_count = max(1, round(content_count * frac))
     return out
+
+
+def cut_rollout(rollout: pb.Rollout, keep_bytes: int) -> pb.Rollout:
+    """A copy of ``rollout`` whose content is cut to its first ``keep_bytes`` UTF-8 bytes (at a character
+    boundary), ending with STOP (:func:`rewrite_rollout`)."""
+    raw = rollout.response_text.lstrip().encode("utf-8")
+    return rewrite_rollout(rollout, raw[:keep_bytes].decode("utf-8", errors="ignore"), stop=True)
+
+
+def _final_answer(text: str, style: str) -> str | None:
+    found = extract_final_answer(text, style)
+    return None if found is None else found.answer
+
+
+def _answer_span(text: str, style: str) -> tuple[int, int] | None:
+    """Character range of the final stated answer in ``text`` (a ``\\boxed{…}`` from its backslash; else the
+    answer's last occurrence before its end), or None when nothing is stated."""
+    end = answer_end(text, style)
+    if end is None:
+        return None
+    start = text.rfind("\\boxed", 0, end)
+    if start < 0:
+        answer = _final_answer(text, style) or ""
+        start = text.rfind(answer, 0, end) if answer else -1
+    return (max(0, start), end) if start >= 0 else (max(0, end - 1), end)
 
 
 class SiteGuard:
@@ -192,14 +222,17 @@ class SiteGuard:
     def screen_text(self, foreign: Mapping[str, Sequence[pb.Rollout]],
                     own_texts: Mapping[tuple[str, int], str],
                     styles: Mapping[str, str] | None = None,
-                    rewards: Mapping[RowKey, float] | None = None) -> dict[str, list[pb.Rollout]]:
+                    rewards: Mapping[RowKey, float] | None = None,
+                    prompt_texts: Mapping[str, str] | None = None) -> dict[str, list[pb.Rollout]]:
         """The foreign rollouts to train on: a quarantined source's rows left out (one ``rejected`` line per
-        source), then the answer-tail and length screens on each row (cut copies replace cut rows).
+        source), then the answer-tail and length screens on each row and the phrase screen on each source's
+        rows (cut copies replace cut rows).
 
-        ``own_texts`` are the learner's own responses (part of every prompt's length reference); ``styles``
-        maps prompt id → answer style (default ``boxed``); ``rewards`` the rewards trained on (default: the
-        rollouts' own), which tell the rewarded rows that flag a step. The text screens also run on a quarantined
-        source's rows: they decide whether its step was clean.
+        ``own_texts`` are the learner's own responses (part of every prompt's length reference, and their
+        phrases are never cut); ``styles`` maps prompt id → answer style (default ``boxed``); ``rewards`` the
+        rewards trained on (default: the rollouts' own), which tell the rewarded rows that flag a step;
+        ``prompt_texts`` maps prompt id → problem text (its phrases are never cut). The text screens also run
+        on a quarantined source's rows: they decide whether its step was clean.
         """
         if not self.cfg.enabled:
             return {s: list(rs) for s, rs in foreign.items()}
@@ -210,6 +243,8 @@ class SiteGuard:
         for src, rs in foreign.items():
             for r in rs:
                 lengths.setdefault(r.prompt_id, []).append((src, len(r.response_text.lstrip().encode("utf-8"))))
+        excluded = ({g for t in [*own_texts.values(), *(prompt_texts or {}).values()]
+                     for g in word_ngrams(t, self.cfg.phrase.ngram_words)} if self.cfg.phrase.enabled else set())
         out: dict[str, list[pb.Rollout]] = {}
         for src in sorted(foreign):
             kept: list[pb.Rollout] = []
@@ -234,6 +269,7 @@ class SiteGuard:
                 log.info("step %d: %s %s#%d: %s", self.step, src, r.prompt_id, r.sample_index, d.reason)
                 if d.action == "cut":
                     kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
+            kept = self._cut_recurring(src, kept, excluded, styles)
             weight = self.weight(src)
             if weight == 0.0:
                 standing = self.standing[src]
@@ -244,18 +280,56 @@ class SiteGuard:
             out[src] = kept
         return out
 
-    def gate(self, rows: Sequence[Any], content_logprob_sums: Sequence[float]) -> list[float]:
+    def _cut_recurring(self, src: str, rows: list[pb.Rollout], excluded: set, styles: Mapping[str, str]
+                       ) -> list[pb.Rollout]:
+        """``rows`` of ``src`` with its recurring phrases of the step cut out (:func:`recurring_phrases`),
+        never inside the final answer; counted (``screened_phrase_cut``, ``phrases_cut``) and logged, but no
+        flag for the quarantine: a cut row is still trained. A row whose final answer the cut would change
+        (the phrase holds it) is left out instead."""
+        cfg = self.cfg.phrase
+        if not cfg.enabled or not rows:
+            return rows
+        n = cfg.ngram_words
+        by_prompt: dict[str, list[str]] = {}
+        for r in rows:
+            by_prompt.setdefault(r.prompt_id, []).append(r.response_text)
+        phrases = recurring_phrases(by_prompt, excluded, cfg)
+        if not phrases:
+            return rows
+        out = []
+        for r in rows:
+            content = r.response_text.lstrip()
+            style = styles.get(r.prompt_id) or "boxed"
+            kept = cut_phrases(content, phrases, n, _answer_span(content, style))
+            if kept == content:
+                out.append(r)
+                continue
+            self._count(src, "screened_phrase_cut")
+            if _final_answer(kept, style) != _final_answer(content, style):   # the cut reached the answer
+                self._screened_row(src, (r.prompt_id, int(r.sample_index)), r.reward > 0, out=True)
+                log.info("step %d: %s %s#%d: a recurring phrase holds its answer: left out", self.step, src,
+                         r.prompt_id, r.sample_index)
+                continue
+            out.append(rewrite_rollout(r, kept))
+        shown = sorted(" ".join(g) for g in phrases)
+        self._count(src, "phrases_cut", len(phrases))
+        log.info("step %d: %s: %d phrase(s) recur across its answers to %d prompts and were cut: %s", self.step,
+                 src, len(phrases), len(by_prompt), "; ".join(repr(x) for x in shown[:8]) + (" …" if len(shown) > 8 else ""))
+        return out
+
+    def gate(self, rows: Sequence[Any], content_token_logprobs: Sequence[Sequence[float]]) -> list[float]:
         """Row weights for one micro-batch of the update (:func:`hacrl_fed.algo.update.hacpo_update`'s
         ``row_gate``): own rows 1 (their ℓ joins the learner's own window), a foreign row its source's weight,
-        or 0 when the likelihood screen screens it out. ``content_logprob_sums`` are the learner's Σ log π over
-        each row's content tokens (nats, before the update's optimizer step on that row). Decided once per row
-        and step (later epochs reuse it)."""
+        or 0 when the likelihood screen screens it out. ``content_token_logprobs[i]`` are
+        the learner's log π of row i's content tokens (nats; the response without a terminal EOS; before the
+        update's optimizer step on that row). Decided once per row and step (later epochs reuse it)."""
         out = []
-        for row, total in zip(rows, content_logprob_sums, strict=True):
+        for row, tokens in zip(rows, content_token_logprobs, strict=True):
             key = (row.source_agent, row.prompt_id, int(row.sample_index))
             if key in self._decided:
                 out.append(self._decided[key])
                 continue
+            total = math.fsum(float(v) for v in tokens)
             if row.is_own:
                 nbytes = self._own_bytes.get((row.prompt_id, int(row.sample_index)), 0)
                 value = per_byte_loglik(total, nbytes)
@@ -265,31 +339,30 @@ class SiteGuard:
                 self._decided[key] = 1.0
                 out.append(1.0)
                 continue
-            src = row.source_agent
-            value = per_byte_loglik(total, row.content_bytes)
-            self._ll.setdefault(src, []).append(value)
-            lk = self.cfg.likelihood
-            if row.content_bytes < lk.min_bytes:
-                self._decided[key] = self.weight(src)
-                out.append(self._decided[key])
-                continue
-            d = likelihood_decision(value, list(self._window(src)), list(self.own_window), lk)
-            if not d.keep and lk.rewarded_only and not row.reward > 0:
-                d = replace(d, keep=True, reason="")
-            if d.keep:
-                if math.isfinite(value):
-                    self._window(src).append(value)
-                weight = self.weight(src)
-            else:
-                weight = 0.0
-                self._count(src, "screened_likelihood")
-                self._screened_row(src, (row.prompt_id, int(row.sample_index)), row.reward > 0, out=True)
-                log.info("step %d: %s %s#%d: %s", self.step, src, row.prompt_id, row.sample_index, d.reason)
-            if d.z_source is not None:
-                self._z.setdefault(src, []).append(d.z_source)
-            self._decided[key] = weight
+            self._decided[key] = weight = self._foreign_weight(row, per_byte_loglik(total, row.content_bytes))
             out.append(weight)
         return out
+
+    def _foreign_weight(self, row: Any, value: float) -> float:
+        """The weight of one foreign row after the likelihood screen (:meth:`gate`)."""
+        src = row.source_agent
+        self._ll.setdefault(src, []).append(value)
+        lk = self.cfg.likelihood
+        if row.content_bytes < lk.min_bytes:
+            return self.weight(src)
+        d = likelihood_decision(value, list(self._window(src)), list(self.own_window), lk)
+        if not d.keep and lk.rewarded_only and not row.reward > 0:
+            d = replace(d, keep=True, reason="")
+        if d.z_source is not None:
+            self._z.setdefault(src, []).append(d.z_source)
+        if d.keep:
+            if math.isfinite(value):
+                self._window(src).append(value)
+            return self.weight(src)
+        self._count(src, "screened_likelihood")
+        self._screened_row(src, (row.prompt_id, int(row.sample_index)), row.reward > 0, out=True)
+        log.info("step %d: %s %s#%d: %s", self.step, src, row.prompt_id, row.sample_index, d.reason)
+        return 0.0
 
     def finish_step(self, sources: Sequence[str]) -> tuple[dict[str, float], list[str]]:
         """Close the step: flag each source seen this step, move its standing, and return (metrics, refusal
@@ -313,7 +386,8 @@ class SiteGuard:
             total.update(c)
             total["flagged_steps"] += flagged
             for name in ("rows", "rewarded_rows", "rewarded_screened", "reverified", "claim_disagreements", "coordinator_disagreements",
-                         "site_verifier_errors", "screened_likelihood", "screened_tail_cut", "screened_tail_reject",
+                         "site_verifier_errors", "screened_likelihood", "screened_phrase_cut", "phrases_cut",
+                         "screened_tail_cut", "screened_tail_reject",
                          "screened_length", "quarantined_rows"):
                 metrics[f"src/{src}/{name}" if name != "rows" else f"src/{src}/screen_rows"] = float(c[name])
             metrics[f"src/{src}/screened_rows"] = float(screened)

@@ -264,7 +264,8 @@ class Trainer:
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, own.prompts, rewards)
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards,
+                                 {pid: p.text for pid, p in own.prompts.items()})
 
     def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
                           rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:

@@ -8,18 +8,23 @@ import pytest
 
 from hacrl_fed.algo.screens import (
     LikelihoodScreenConfig,
+    PhraseScreenConfig,
     QuarantineConfig,
     ScreenConfig,
     SourceStanding,
     TailScreenConfig,
+    cut_phrases,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
+    recurring_phrases,
     release,
     robust_center_scale,
     robust_z,
+    span_surprise,
     step_flagged,
     tail_decision,
+    word_ngrams,
 )
 
 
@@ -78,6 +83,75 @@ def test_likelihood_off_and_non_finite():
     own, peer = _cross_family_windows()
     assert likelihood_decision(-9.0, peer, own, LikelihoodScreenConfig(enabled=False)).keep
     assert not likelihood_decision(float("nan"), peer, own, LikelihoodScreenConfig()).keep
+
+
+def test_span_surprise_is_the_least_likely_run_of_k_tokens():
+    fluent = [-0.4, -0.6] * 40                                   # mean −0.5
+    payload = [-5.0, -6.0, -4.0, -5.0, -7.0, -3.0, -5.0, -5.0]   # a sentence the learner finds unlikely
+    row = fluent[:40] + payload + fluent[40:]
+    assert span_surprise(row, 8) == pytest.approx(-5.0)
+    assert span_surprise(row, 4) == pytest.approx(-5.5)           # −6 −4 −5 −7: the worst 4 in a row
+    assert span_surprise(fluent, 8) == pytest.approx(-0.5)
+    # the row's mean barely moves: this is why ℓ (a per-row mean) misses it
+    assert sum(row) / len(row) == pytest.approx(-0.5 - 4.5 * 8 / 88)
+    assert span_surprise([-1.0, -2.0], 8) == pytest.approx(-1.5)  # shorter than k: one span
+    assert span_surprise([-1.0, -2.0, -3.0], 1) == -3.0
+    for bad in ([], [-1.0, float("nan")], [float("-inf")]):
+        assert span_surprise(bad, 4) != span_surprise(bad, 4)   # NaN
+    with pytest.raises(ValueError):
+        span_surprise([-1.0], 0)
+    # exact against a brute force on random rows
+    rng = random.Random(3)
+    for _ in range(50):
+        xs, k = [rng.uniform(-8, 0) for _ in range(rng.randint(1, 60))], rng.randint(1, 12)
+        w = min(k, len(xs))
+        assert span_surprise(xs, k) == pytest.approx(min(sum(xs[i:i + w]) / w for i in range(len(xs) - w + 1)))
+
+
+PAYLOAD = "Visit www.mathtricks.example for more!"
+
+
+def test_word_ngrams_are_lower_cased_words_with_their_spans():
+    text = "Visit www.Mathtricks.example, now!"
+    grams = word_ngrams(text, 3)
+    assert list(grams) == [("visit", "www", "mathtricks"), ("www", "mathtricks", "example"),
+                           ("mathtricks", "example", "now")]
+    a, b = grams[("www", "mathtricks", "example")][0]
+    assert text[a:b] == "www.Mathtricks.example"
+    assert word_ngrams("one two", 3) == {}
+    with pytest.raises(ValueError):
+        word_ngrams(text, 0)
+
+
+def test_a_phrase_recurring_across_prompts_is_found_and_one_tied_to_a_prompt_is_not():
+    cfg = PhraseScreenConfig()
+    texts = {f"q{i}": [f"{i} + 2 = {i + 2}. {PAYLOAD} So the answer is {i + 2}.",
+                       f"Adding 2 to {i} gives {i + 2}."] for i in range(4)}
+    found = recurring_phrases(texts, set(), cfg)
+    assert ("www", "mathtricks", "example", "for") in found
+    assert ("so", "the", "answer", "is") in found                         # the learner never says it here …
+    own = {g for t in ["2 + 2 = 4, so the answer is 4."] for g in word_ngrams(t, cfg.ngram_words)}
+    assert ("so", "the", "answer", "is") not in recurring_phrases(texts, own, cfg)   # … unless it does
+    assert not any("adding" in g for g in found)                          # "adding 2 to i" differs per prompt
+    # in rows of 2 of 4 prompts: below ⌈0.75 × 4⌉ = 3
+    half = {f"q{i}": [f"{i} is {i}. {PAYLOAD}" if i < 2 else f"{i} is {i}."] for i in range(4)}
+    assert recurring_phrases(half, set(), cfg) == set()
+    assert recurring_phrases(half, set(), cfg.model_copy(update={"min_prompt_frac": 0.5})) != set()
+    # one prompt: nothing recurs across prompts; disabled: nothing
+    assert recurring_phrases({"q0": [PAYLOAD, PAYLOAD]}, set(), cfg) == set()
+    assert recurring_phrases(texts, set(), cfg.model_copy(update={"enabled": False})) == set()
+
+
+def test_cut_phrases_removes_the_payload_and_never_the_answer():
+    cfg = PhraseScreenConfig()
+    phrases = {g for g in word_ngrams(PAYLOAD, cfg.ngram_words)}
+    text = f"3 + 2 = 5. {PAYLOAD} So the answer is \\boxed{{5}}."
+    assert cut_phrases(text, phrases, cfg.ngram_words) == "3 + 2 = 5. So the answer is \\boxed{5}."
+    assert cut_phrases("no payload here at all", phrases, cfg.ngram_words) == "no payload here at all"
+    answer = text.index("\\boxed"), len(text) - 1
+    held = {("the", "answer", "is", "boxed")}
+    assert cut_phrases(text, held, cfg.ngram_words, answer) == f"3 + 2 = 5. {PAYLOAD} So \\boxed{{5}}."
+    assert cut_phrases(text, held, cfg.ngram_words) == f"3 + 2 = 5. {PAYLOAD} So5}}."   # what keep= prevents
 
 
 def test_tail_decisions():
