@@ -21,7 +21,7 @@ sides on a GPU with bf16 mixed precision (hacrl-fed ``model.autocast = "bfloat16
 weights on both) and adds the peak GPU memory (``torch.cuda.max_memory_allocated``).
 
 Each run is its own subprocess on one thread (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``), so
-its peak RSS (``ru_maxrss``, the whole process: imports, model, optimizer, step) is its own; runs alternate
+its peak RSS (``VmHWM``, the whole process: imports, model, optimizer, step) is its own; runs alternate
 A B A B … and each ratio is taken within a pair, so machine load hits both sides alike. Measured: CPU and
 wall seconds of the step (TRL: ``on_step_begin`` → ``on_step_end``; hacrl-fed: ``generate`` + ``train``),
 of the ``model.generate`` call inside it, and peak RSS. Checked: the SHA-256 of every completion's token ids
@@ -93,7 +93,16 @@ class _Clock:
 
 
 def _peak_rss() -> float:
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0   # Linux: KiB
+    """Peak RSS of this process in bytes: ``VmHWM`` (Linux; counted from this process's exec). ``ru_maxrss``
+    would start at the driver's peak (the forked address space's high-water mark is folded in at exec), which
+    hides a side's own peak when the driver has grown larger (e.g. after its update-cosine check)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024.0   # kB
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0   # Linux KiB; macOS bytes
 
 
 def _peak_gpu() -> float:

@@ -139,6 +139,25 @@ def test_micro_batching_matches_one_big_batch(agents):
     assert not torch.equal(results[0][0], flat(model))
 
 
+def test_optimizer_is_fused_adamw_with_the_for_loop_update(agents):
+    """make_optimizer runs AdamW on torch's fused kernel where the parameters allow it (no parameter-sized
+    temporaries), and one update equals torch's for-loop AdamW to float round-off; elsewhere torch's default."""
+    model, rows, ratios = agents
+    algo = AlgoConfig(kl_coef=0.0)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.01, mini_batch_rows=64)
+    adv = row_advantages(rows, ratios, algo, learner="a")
+    fused, loop = copy.deepcopy(model), copy.deepcopy(model)
+    opt = make_optimizer(fused, optim)
+    assert [g["fused"] for g in opt.param_groups] == [True]
+    reference = torch.optim.AdamW([p for p in loop.parameters() if p.requires_grad], lr=optim.lr, betas=optim.betas,
+                                  eps=optim.eps, weight_decay=optim.weight_decay, foreach=False)
+    assert hacpo_update(fused, opt, rows, adv, ratios, algo, optim, learner="a")["updates"] == 1
+    hacpo_update(loop, reference, rows, adv, ratios, algo, optim, learner="a")
+    assert not torch.equal(flat(fused), flat(model))
+    torch.testing.assert_close(flat(fused), flat(loop), rtol=0, atol=1e-6)
+    assert make_optimizer(torch.nn.Linear(2, 2, device="meta"), optim).param_groups[0]["fused"] is None
+
+
 def test_grpo_token_level_own_rows(agents):
     model, rows, _ = agents
     own = [r for r in rows if r.is_own]
