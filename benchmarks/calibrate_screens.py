@@ -10,8 +10,9 @@ boundary, at the plan's temperature), the content tokens of:
   ``--oracle``): every row made correct, the payload inside the reasoning / after the answer;
 * ``cross-inside`` — the same payload inside the other family's rows (an attacker of the other family).
 
-Per row it records the two statistics of :mod:`hacrl_fed.algo.screens`: ℓ (nats per byte of content) and
-σ_k (:func:`~hacrl_fed.algo.screens.span_surprise`, nats per token, for several k), and the reward. The table
+Per row it records ℓ (the likelihood screen's statistic, nats per byte of content,
+:func:`hacrl_fed.screens.rules.per_byte_loglik`) and σ_k (:func:`span_surprise`, nats per token, for several
+k), and the reward. The table
 gives, per learner and class, percentiles of each statistic as a gap below the learner's own median
 (positive = less likely than the learner's own text), and the share of rewarded rows each candidate margin
 would screen: the false-positive rate on ``cross`` and the hit rate on the payload classes.
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,34 @@ from attack_poison import PAIRS, build_plan, poison_text  # noqa: E402
 SPANS = (4, 8, 16)
 CLASSES = ("own", "cross", "self-inside", "self-tail", "cross-inside")
 MARGINS = {"ll": (0.5, 1.0, 1.5, 2.0, 2.5), "span": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)}
+
+
+def span_surprise(token_logprobs: Sequence[float], span_tokens: int) -> float:
+    """σ_k: the mean log-prob (nats per token) of the least likely run of ``span_tokens`` consecutive tokens.
+
+    σ_k = min_i (1/k) Σ_{t=i}^{i+k−1} log π(y_t) over a row's content tokens (the learner's tokens of the
+    response without its terminal EOS); a row of fewer than k tokens is one span (its mean). Returns NaN for
+    no tokens and for a non-finite log-prob; ``span_tokens`` < 1: ``ValueError``. O(n), pure arithmetic.
+
+    A candidate statistic for a payload inside fluent text (it barely moves the row's mean ℓ), measured and
+    *not* used as a screen: on the default pair a learner's own temperature-1 rows hold runs as unlikely as
+    the benchmark's payload (SmolLM2: payload rows σ_8 1.7 nats/token below its own median, honest Gemma-3
+    rows 1.5 at the median and 3.7 at the 95th percentile; ``benchmarks/results/screen-calibration``), so
+    no margin screens the payload without screening more honest cross-family rows. The phrase screen
+    (:mod:`hacrl_fed.screens.phrases`) uses what does separate them: the payload recurs across prompts.
+    """
+    if span_tokens < 1:
+        raise ValueError(f"span_tokens must be >= 1, got {span_tokens}")
+    values = [float(v) for v in token_logprobs]
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    k = min(span_tokens, len(values))
+    window = sum(values[:k])
+    low = window
+    for t in range(k, len(values)):
+        window += values[t] - values[t - k]
+        low = min(low, window)
+    return low / k
 
 
 class _Plans:
@@ -62,7 +93,7 @@ def _poisoned(rollout, refs, variant: str):
 
 def score_rows(worker, plan, rows_by_class: dict[str, list], cap: int) -> dict[str, list[dict]]:
     """Teacher-forced content-token log-probs of every rollout under ``worker``'s model → per-row statistics."""
-    from hacrl_fed.algo.screens import per_byte_loglik, span_surprise
+    from hacrl_fed.screens.rules import per_byte_loglik
     from hacrl_fed.tokenization.views import foreign_row
 
     prompts = worker._render(plan.prompts)

@@ -42,7 +42,7 @@ RowGate = Callable[[Sequence[TrainingRow], Sequence[Sequence[float]]], Sequence[
 the learner's log π of each content token (nats; the response without a terminal EOS; detached, from the
 forward the update computes anyway). Each foreign row's advantage is multiplied by its weight in [0, 1] (0: no
 gradient; the row still counts in the mini-batch mean, like a row clamped out of the cross window); own rows
-are always weight 1 (:mod:`hacrl_fed.algo.screens`)."""
+are always weight 1 (:mod:`hacrl_fed.screens`)."""
 
 
 @dataclass(frozen=True)

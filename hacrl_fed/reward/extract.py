@@ -437,7 +437,7 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
 def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
     """Index in ``response`` just after its final stated answer (what :func:`extract_final_answer` finds),
     or ``None`` when nothing is stated. ``response[answer_end(response):]`` is the text after the answer
-    (the learner-side answer-tail screen, :mod:`hacrl_fed.algo.screens`).
+    (the learner-side answer-tail screen, :mod:`hacrl_fed.screens.rules`).
 
     Exact for a ``\\boxed`` answer and whenever the text after the answer holds no formatting command;
     otherwise the tail is measured on the text with formatting removed (:func:`strip_formatting`), so it may

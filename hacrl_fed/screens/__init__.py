@@ -1,4 +1,5 @@
-"""A learner site's screens against poisoned peer rollouts (the decisions are :mod:`hacrl_fed.algo.screens`)."""
+"""A learner site's screens against poisoned peer rollouts: decisions (``rules``, ``phrases``; settings in
+:mod:`hacrl_fed.algo.screens`) and the site's guard over a run (``guard``)."""
 
 from hacrl_fed.screens.guard import SiteGuard, cut_rollout
 

@@ -1,6 +1,6 @@
 """A learner site's guard over its peers' rows: re-verification, text screens, the likelihood gate, quarantine.
 
-:class:`SiteGuard` holds what the screens of :mod:`hacrl_fed.algo.screens` need across steps (per-source
+:class:`SiteGuard` holds what the screens of :mod:`hacrl_fed.screens.rules` need across steps (per-source
 windows of the learner log-likelihood per byte, the learner's own window, each source's standing) and
 applies their decisions to one training step of :class:`hacrl_fed.worker.trainer.Trainer`::
 
@@ -25,20 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from hacrl_fed.algo.screens import (
-    ScreenConfig,
+from hacrl_fed.algo.screens import ScreenConfig
+from hacrl_fed.reward.extract import answer_end, extract_final_answer
+from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams
+from hacrl_fed.screens.rules import (
     SourceStanding,
-    cut_phrases,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
-    recurring_phrases,
     release,
     step_flagged,
     tail_decision,
-    word_ngrams,
 )
-from hacrl_fed.reward.extract import answer_end, extract_final_answer
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout", "rewrite_rollout"]

@@ -1,8 +1,10 @@
-"""The screens' statistics and decisions on constructed values (hacrl_fed.algo.screens)."""
+"""The screens' statistics and decisions on constructed values (hacrl_fed.screens.rules, .phrases)."""
 
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,21 +13,24 @@ from hacrl_fed.algo.screens import (
     PhraseScreenConfig,
     QuarantineConfig,
     ScreenConfig,
-    SourceStanding,
     TailScreenConfig,
-    cut_phrases,
+)
+from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams
+from hacrl_fed.screens.rules import (
+    SourceStanding,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
-    recurring_phrases,
     release,
     robust_center_scale,
     robust_z,
-    span_surprise,
     step_flagged,
     tail_decision,
-    word_ngrams,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from calibrate_screens import span_surprise  # noqa: E402
 
 
 def _cross_family_windows(seed: int = 0) -> tuple[list[float], list[float]]:

@@ -1,0 +1,211 @@
+"""The screens' statistics and decisions (pure, no I/O): likelihood, answer tail and length, quarantine.
+
+What each decides and why is the module docstring of :mod:`hacrl_fed.algo.screens` (the settings, beside the
+other TOML sections); :class:`hacrl_fed.screens.SiteGuard` applies them to a training step. Sources: robust
+z-score with the median absolute deviation and the 3.5 cut-off of Iglewicz & Hoaglin (1993); the learner
+log-probability screen and the long-answer attack of arXiv 2511.09780.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from hacrl_fed.algo.screens import LikelihoodScreenConfig, QuarantineConfig, TailScreenConfig
+
+__all__ = [
+    "LikelihoodDecision",
+    "SourceStanding",
+    "TailDecision",
+    "likelihood_decision",
+    "per_byte_loglik",
+    "quarantine_step",
+    "release",
+    "robust_center_scale",
+    "robust_z",
+    "step_flagged",
+    "tail_decision",
+]
+
+MAD_TO_SIGMA = 1.4826
+"""1 / Φ⁻¹(3/4): 1.4826 · MAD estimates σ for normal data."""
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def per_byte_loglik(logprob_sum: float, content_bytes: int) -> float:
+    """ℓ = Σ log π / B: nats per UTF-8 byte of content (B floored at 1). Pure arithmetic."""
+    return float(logprob_sum) / max(1, int(content_bytes))
+
+
+def robust_center_scale(values: Sequence[float], min_scale: float) -> tuple[float, float]:
+    """(median, max(1.4826 · MAD, ``min_scale``)) of ``values``. Raises ``ValueError`` when empty."""
+    if not values:
+        raise ValueError("robust_center_scale needs at least one value")
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    return med, max(MAD_TO_SIGMA * mad, min_scale)
+
+
+def robust_z(value: float, values: Sequence[float], min_scale: float) -> float:
+    """Robust z-score of ``value`` against ``values``: (x − median) / max(1.4826·MAD, ``min_scale``)."""
+    med, scale = robust_center_scale(values, min_scale)
+    return (value - med) / scale
+
+
+@dataclass(frozen=True)
+class LikelihoodDecision:
+    """Outcome of :func:`likelihood_decision`; ``reason`` is empty when the row is kept."""
+
+    keep: bool
+    value: float
+    """ℓ of the row, nats per byte."""
+    z_source: float | None
+    """Robust z against the source's window (None during its warm-up)."""
+    gap_own: float | None
+    """Median of the learner's own window minus ℓ, nats per byte (None without own rows)."""
+    reason: str = ""
+
+
+def likelihood_decision(value: float, source_window: Sequence[float], own_window: Sequence[float],
+                        cfg: LikelihoodScreenConfig) -> LikelihoodDecision:
+    """Keep or screen one foreign row by its learner log-likelihood per byte ``value`` (module docstring).
+
+    ``source_window``: ℓ of the source's recent accepted rows; ``own_window``: ℓ of the learner's own recent
+    rows (both nats per byte, any order). A non-finite ``value`` is screened. With ``cfg.enabled`` false
+    every row is kept.
+    """
+    own_med = statistics.median(own_window) if own_window else None
+    gap = None if own_med is None else own_med - value
+    z = (robust_z(value, source_window, cfg.min_scale)
+         if len(source_window) >= cfg.warmup_rows and math.isfinite(value) else None)
+    if not cfg.enabled:
+        return LikelihoodDecision(True, value, z, gap)
+    if not math.isfinite(value):
+        return LikelihoodDecision(False, value, z, gap, "likelihood: not a finite log-likelihood")
+    if cfg.own_margin is not None and gap is not None and gap > cfg.own_margin:
+        return LikelihoodDecision(False, value, z, gap, f"likelihood: {value:.3f} nats/byte is {gap:.3f} below the "
+                                  f"learner's own median (margin {cfg.own_margin})")
+    if z is not None and z < -cfg.z_threshold and (gap is None or gap > 0):
+        return LikelihoodDecision(False, value, z, gap, f"likelihood: robust z {z:.2f} < -{cfg.z_threshold} against "
+                                  f"the source's last {len(source_window)} rows ({value:.3f} nats/byte)")
+    return LikelihoodDecision(True, value, z, gap)
+
+
+@dataclass(frozen=True)
+class TailDecision:
+    """Outcome of :func:`tail_decision`: ``action`` ``keep`` | ``cut`` | ``reject``; ``keep_bytes`` is the
+    prefix to keep when cutting (bytes of the response)."""
+
+    action: Literal["keep", "cut", "reject"]
+    reason: str = ""
+    keep_bytes: int | None = None
+    screen: Literal["", "tail", "length"] = ""
+
+
+def tail_decision(response_bytes: int, answer_end_bytes: int | None, reference_bytes: float | None,
+                  cfg: TailScreenConfig, closing_bytes: int = 0) -> TailDecision:
+    """Keep, cut or reject one foreign response by its answer tail and its length (module docstring).
+
+    Args:
+        response_bytes: UTF-8 bytes of the response (content, leading whitespace excluded).
+        answer_end_bytes: bytes of the response up to the end of its final stated answer (None: no stated
+            answer — the tail screen does not apply; such a row earns no reward).
+        reference_bytes: the length the plan needs: the median bytes of the other sources' responses to the
+            same prompt (None: unknown — no length screen).
+        cfg: the tail screen's settings.
+        closing_bytes: bytes of closing punctuation right after the answer (``.``, ``$.``, ``)``) that a cut keeps.
+    """
+    if not cfg.enabled:
+        return TailDecision("keep")
+    if (cfg.max_length_factor is not None and reference_bytes is not None
+            and response_bytes > max(cfg.min_length_bytes, cfg.max_length_factor * reference_bytes)):
+        return TailDecision("reject", f"length: {response_bytes} bytes > {cfg.max_length_factor:g} × {reference_bytes:.0f} "
+                            "(median of the other sources' responses to this prompt)", screen="length")
+    if answer_end_bytes is not None:
+        tail = response_bytes - answer_end_bytes
+        if tail > cfg.budget_bytes:
+            reason = f"tail: {tail} bytes after the final answer > budget {cfg.budget_bytes}"
+            if cfg.policy == "cut":
+                return TailDecision("cut", reason + "; cut after the answer",
+                                    keep_bytes=answer_end_bytes + min(closing_bytes, tail), screen="tail")
+            return TailDecision("reject", reason, screen="tail")
+    return TailDecision("keep")
+
+
+# ----------------------------------------------------------------------------- quarantine
+
+
+@dataclass(frozen=True)
+class SourceStanding:
+    """A learner's view of one source: ``status`` ``trusted`` | ``downweighted`` | ``quarantined``, its last
+    ``memory`` step flags (oldest first), the clean steps in a row, and the step of the last change."""
+
+    status: Literal["trusted", "downweighted", "quarantined"] = "trusted"
+    flags: tuple[bool, ...] = ()
+    clean_run: int = 0
+    since_step: int = 0
+    reason: str = ""
+    """Why the last change happened (log and report)."""
+    history: tuple[str, ...] = field(default=())
+    """Every change as ``"step N: status (reason)"``, oldest first (at most 32 kept)."""
+
+    def weight(self, cfg: QuarantineConfig) -> float:
+        """Multiplier of the source's rows' advantages: 1, ``cfg.downweight`` or 0 (quarantined)."""
+        if not cfg.enabled or self.status == "trusted":
+            return 1.0
+        return 0.0 if self.status == "quarantined" else float(cfg.downweight)
+
+
+def step_flagged(rewarded: int, screened: int, reward_disagreements: int, cfg: QuarantineConfig) -> tuple[bool, str]:
+    """(flagged, reason) of one step of one source: of its ``rewarded`` rows (reward > 0), ``screened`` were
+    screened — more than ``flag_frac`` of them and at least ``flag_min_rows`` — or at least
+    ``reward_disagreements`` of its reward claims were contradicted by the site's verifier."""
+    if reward_disagreements >= cfg.reward_disagreements:
+        return True, f"{reward_disagreements} reward claim(s) contradicted by this site's verifier"
+    if rewarded and screened >= cfg.flag_min_rows and screened / rewarded > cfg.flag_frac:
+        return True, f"{screened} of its {rewarded} rewarded rows screened (> {cfg.flag_frac:g})"
+    return False, ""
+
+
+def _moved(standing: SourceStanding, status: str, step: int, reason: str) -> SourceStanding:
+    history = (*standing.history, f"step {step}: {status} ({reason})")[-32:]
+    return replace(standing, status=status, since_step=step, reason=reason, history=history)
+
+
+def quarantine_step(standing: SourceStanding, flagged: bool, reason: str, step: int,
+                    cfg: QuarantineConfig) -> SourceStanding:
+    """The source's standing after one more step (``flagged`` with ``reason``, at ``step``).
+
+    trusted / down-weighted: ``quarantine_after`` flags among the last ``memory`` steps ⇒ quarantined,
+    ``downweight_after`` ⇒ down-weighted, none ⇒ trusted. Quarantined: stays until ``release_after_clean``
+    clean steps in a row (then trusted with a clean memory; 0 ⇒ only :func:`release`). Disabled: unchanged.
+    """
+    if not cfg.enabled:
+        return standing
+    flags = (*standing.flags, bool(flagged))[-cfg.memory:]
+    clean_run = 0 if flagged else standing.clean_run + 1
+    out = replace(standing, flags=flags, clean_run=clean_run)
+    n = sum(flags)
+    if standing.status == "quarantined":
+        if cfg.release_after_clean and clean_run >= cfg.release_after_clean:
+            return replace(_moved(out, "trusted", step, f"{clean_run} clean steps"), flags=(), clean_run=0)
+        return out
+    if n >= cfg.quarantine_after:
+        return _moved(out, "quarantined", step, f"{n} flagged steps of the last {len(flags)}: {reason}")
+    if n >= cfg.downweight_after and standing.status != "downweighted":
+        return _moved(out, "downweighted", step, f"{n} flagged step(s) of the last {len(flags)}: {reason}")
+    if n == 0 and standing.status == "downweighted":
+        return _moved(out, "trusted", step, f"no flagged step in the last {len(flags)}")
+    return out
+
+
+def release(standing: SourceStanding, step: int, reason: str = "released by the operator") -> SourceStanding:
+    """Trusted again with a clean memory (the operator's knob, ``screens.release``)."""
+    if standing.status == "trusted" and not standing.flags:
+        return standing
+    return replace(_moved(standing, "trusted", step, reason), flags=(), clean_run=0)
