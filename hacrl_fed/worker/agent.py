@@ -12,8 +12,10 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from hacrl_fed.algo.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
@@ -120,6 +122,16 @@ def _check_prompts(prompts) -> None:
             raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style!r}")
 
 
+def _check_release(cfg: AgentConfig, roster: Mapping[str, Any]) -> None:
+    """``screens.release`` may name only peers of the roster (a typo would release nobody, silently).
+    Raises ``ValueError`` naming the unknown names and the roster's agents."""
+    bad = sorted({n for n in cfg.screens.release if n == cfg.name or (roster and n not in roster)})
+    if bad:
+        peers = ", ".join(sorted(n for n in roster if n != cfg.name)) or "none"
+        raise ValueError(f"screens.release names {', '.join(map(repr, bad))}: not a peer of {cfg.name!r} in the roster "
+                         f"{cfg.roster} (peers: {peers})")
+
+
 class AgentWorker:
     """A site's agent worker (ARCHITECTURE §1).
 
@@ -154,6 +166,7 @@ class AgentWorker:
         self.sampling_defaults = sampling or SamplingConfig()
         self.key = load_signing_key(cfg.private_key)
         self.roster = Roster.load(cfg.roster) if cfg.roster else {}
+        _check_release(cfg, self.roster)                 # an operator's typo fails before the model loads
         self.lock = threading.Lock()
         rewards = reward_terms(cfg)                      # a bad reward function fails before the model loads
         root = Path(checkpoint_dir or cfg.checkpoint_dir or Path("runs") / cfg.name / "checkpoints")

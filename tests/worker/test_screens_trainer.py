@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from hacrl_fed.algo.screens import ScreenConfig
 from hacrl_fed.protocol.envelope import sign_batch
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -129,3 +131,8 @@ def test_quarantine_survives_a_restart_and_the_operator_lifts_it(make_sites, pla
     report = released.train(wpb.TrainRequest(run_id="run-a", step=3, plan=p3, envelopes=[own, honest],
                                              capabilities=_table(make_table, p3)))
     assert not report.rejected and _per_source(report)["bob"]["rows"] == 6
+    released.close()
+    for bad in (["bbo"], ["alice"]):   # a typo, or the site itself: a clear error before the model loads
+        sites.cfg["alice"] = sites.cfg["alice"].model_copy(update={"screens": ScreenConfig(release=bad)})
+        with pytest.raises(ValueError, match=rf"screens.release names '{bad[0]}'.*peers: bob"):
+            sites.start("alice")
