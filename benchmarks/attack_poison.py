@@ -27,8 +27,9 @@ Resumable: every finished cell is ``<out>/cells/<variant>-<on|off>-s<seed>.json`
 come) and skipped on the next run; ``--summary-only`` rebuilds ``results.md`` from the cells.
 
     python benchmarks/attack_poison.py --tiny --oracle --steps 2 --out /tmp/poison-tiny      # mechanism, 1-2 min
-    nice -n 10 python benchmarks/attack_poison.py --out benchmarks/results/poison               # real pair
-    python benchmarks/attack_poison.py --out benchmarks/results/poison --summary-only
+    nice -n 10 python benchmarks/attack_poison.py --oracle --steps 6 --prompts 4 --samples 4 --eval-size 32 \\
+        --attacker-logprobs rescored --lr 3e-5 --threads 2 --out benchmarks/results/poison-phrase   # real pair
+    python benchmarks/attack_poison.py --out benchmarks/results/poison-phrase --summary-only
 """
 
 from __future__ import annotations

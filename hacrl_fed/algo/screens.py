@@ -22,7 +22,7 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   different prompts of a step, and occurs neither in the prompts nor in the learner's own responses, is cut
   out of that source's rows (a payload recurs; honest reasoning is tied to its problem).
 * **answer tail** (:func:`hacrl_fed.screens.rules.tail_decision`): text after the final stated answer
-  (:func:`hacrl_fed.reward.extract.answer_tail`) longer than ``budget_bytes`` is cut there (``policy =
+  (:func:`hacrl_fed.reward.extract.answer_end`) longer than ``budget_bytes`` is cut there (``policy =
   "cut"``, after the answer's closing punctuation) or the row is rejected (``"reject"``); a response longer than ``max_length_factor`` × the
   median length of the other sources' responses to the same prompt (and longer than ``min_length_bytes``)
   is rejected ("long but correct").

@@ -5,7 +5,7 @@ windows of the learner log-likelihood per byte, the learner's own window, each s
 applies their decisions to one training step of :class:`hacrl_fed.worker.trainer.Trainer`::
 
     begin_step → reverify (the site's verdict replaces the coordinator's reward) → screen_text (quarantine,
-    answer tail, length) → [the HACPO update calls gate() per micro-batch with the learner log-probs it
+    answer tail, length, recurring phrases) → [the HACPO update calls gate() per micro-batch with the learner log-probs it
     computed] → finish_step (per-source flags, down-weighting / quarantine, metrics, report lines)
 
 Every screened row is logged (``hacrl_fed.screens``) with its reason and counted in the step's metrics
