@@ -1,9 +1,7 @@
 """The screens' statistics and decisions (pure, no I/O): likelihood, answer tail and length, quarantine.
 
-What each decides and why is the module docstring of :mod:`hacrl_fed.algo.screens` (the settings, beside the
-other TOML sections); :class:`hacrl_fed.screens.SiteGuard` applies them to a training step. Sources: robust
-z-score with the median absolute deviation and the 3.5 cut-off of Iglewicz & Hoaglin (1993); the learner
-log-probability screen and the long-answer attack of arXiv 2511.09780.
+What each decides, why, and the sources are the module docstring of :mod:`hacrl_fed.algo.screens` (the
+settings, beside the other TOML sections); :class:`hacrl_fed.screens.SiteGuard` applies them to a step.
 """
 
 from __future__ import annotations
