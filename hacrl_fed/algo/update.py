@@ -37,10 +37,10 @@ if TYPE_CHECKING:
     from hacrl_fed.algo.optim_config import OptimConfig
 
 
-RowGate = Callable[[Sequence[TrainingRow], Sequence[Sequence[float]]], Sequence[float]]
-"""``gate(rows, content_token_logprobs) -> weights``: called once per micro-batch with its rows and, per row,
-the learner's log π of each content token (nats; the response without a terminal EOS; detached, from the
-forward the update computes anyway). Each foreign row's advantage is multiplied by its weight in [0, 1] (0: no
+RowGate = Callable[[Sequence[TrainingRow], Sequence[float]], Sequence[float]]
+"""``gate(rows, content_logprob_sums) -> weights``: called once per micro-batch with its rows and the learner's
+Σ log π over each row's content tokens (nats; the response without a terminal EOS; detached, from the forward
+the update computes anyway). Each foreign row's advantage is multiplied by its weight in [0, 1] (0: no
 gradient; the row still counts in the mini-batch mean, like a row clamped out of the cross window); own rows
 are always weight 1 (:mod:`hacrl_fed.screens`)."""
 
@@ -227,13 +227,11 @@ def _gate_weights(ctx: _Context, rows: list[TrainingRow], idx: list[int], logp: 
     if ctx.row_gate is None:
         return [1.0] * len(idx)
     with torch.no_grad():
-        values = logp.detach().float().cpu()
-        tokens = []
+        sums = torch.where(batch["response_mask"].bool(), logp, torch.zeros_like(logp)).sum(-1)
         for b, i in enumerate(idx):   # content only: a terminal EOS is not part of the text
-            start = int(batch["prompt_lens"][b])
-            end = start + int(batch["response_lens"][b]) - (1 if rows[i].ends_with_eos else 0)
-            tokens.append(values[b, start:end].tolist())
-    weights = list(ctx.row_gate([rows[i] for i in idx], tokens))
+            if rows[i].ends_with_eos:
+                sums[b] -= logp[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1]
+    weights = list(ctx.row_gate([rows[i] for i in idx], sums.tolist()))
     if len(weights) != len(idx):
         raise ValueError(f"row_gate returned {len(weights)} weights for {len(idx)} rows")
     out = []

@@ -315,19 +315,17 @@ class SiteGuard:
                  src, len(phrases), len(by_prompt), "; ".join(repr(x) for x in shown[:8]) + (" …" if len(shown) > 8 else ""))
         return out
 
-    def gate(self, rows: Sequence[Any], content_token_logprobs: Sequence[Sequence[float]]) -> list[float]:
+    def gate(self, rows: Sequence[Any], content_logprob_sums: Sequence[float]) -> list[float]:
         """Row weights for one micro-batch of the update (:func:`hacrl_fed.algo.update.hacpo_update`'s
         ``row_gate``): own rows 1 (their ℓ joins the learner's own window), a foreign row its source's weight,
-        or 0 when the likelihood screen screens it out. ``content_token_logprobs[i]`` are
-        the learner's log π of row i's content tokens (nats; the response without a terminal EOS; before the
-        update's optimizer step on that row). Decided once per row and step (later epochs reuse it)."""
+        or 0 when the likelihood screen screens it out. ``content_logprob_sums`` are the learner's
+        Σ log π over each row's content tokens (nats, before the update's optimizer step on that row). Decided once per row and step (later epochs reuse it)."""
         out = []
-        for row, tokens in zip(rows, content_token_logprobs, strict=True):
+        for row, total in zip(rows, content_logprob_sums, strict=True):
             key = (row.source_agent, row.prompt_id, int(row.sample_index))
             if key in self._decided:
                 out.append(self._decided[key])
                 continue
-            total = math.fsum(float(v) for v in tokens)
             if row.is_own:
                 nbytes = self._own_bytes.get((row.prompt_id, int(row.sample_index)), 0)
                 value = per_byte_loglik(total, nbytes)

@@ -135,11 +135,6 @@ class Row(SimpleNamespace):
     pass
 
 
-def toks(sums, n=20):
-    """Per-row content-token log-probs with the given sums, spread evenly over ``n`` tokens."""
-    return [[total / n] * n for total in sums]
-
-
 def _row(src, pid, idx, nbytes, reward=1.0):
     return Row(source_agent=src, prompt_id=pid, sample_index=idx, is_own=src == "me", content_bytes=nbytes,
                reward=reward)
@@ -151,15 +146,15 @@ def test_gate_screens_a_likelihood_outlier_against_its_source_only():
     g = guard(likelihood={"warmup_rows": 8})
     g.begin_step(1, {(f"q{i}", 0): "x" * 100 for i in range(16)})
     own = [_row("me", f"q{i}", 0, 100) for i in range(16)]
-    assert g.gate(own, toks([-25.0 - (i % 3) for i in range(16)])) == [1.0] * 16      # ≈ −0.26 nats/byte
+    assert g.gate(own, [-25.0 - (i % 3) for i in range(16)]) == [1.0] * 16      # ≈ −0.26 nats/byte
     peer = [_row("gemma", f"q{i}", 1, 100) for i in range(16)]
     sums = [-55.0 + (i % 5) * 3 for i in range(16)]                             # ≈ −0.55 nats/byte, another family
-    assert g.gate(peer, toks(sums)) == [1.0] * 16
+    assert g.gate(peer, sums) == [1.0] * 16
     odd = [_row("gemma", "q0", 7, 100), _row("gemma", "q1", 7, 100)]
-    assert g.gate(odd, toks([-140.0, -50.0])) == [0.0, 1.0]
-    assert g.gate(odd, toks([0.0, 0.0])) == [0.0, 1.0]                                  # second epoch: same decision
+    assert g.gate(odd, [-140.0, -50.0]) == [0.0, 1.0]
+    assert g.gate(odd, [0.0, 0.0]) == [0.0, 1.0]                                  # second epoch: same decision
     # an unrewarded outlier (a payload cannot be learned from it) and a row of a few bytes are kept
-    assert g.gate([_row("gemma", "q2", 7, 100, reward=0.0), _row("gemma", "q3", 7, 5)], toks([-140.0, -20.0])) == [1.0, 1.0]
+    assert g.gate([_row("gemma", "q2", 7, 100, reward=0.0), _row("gemma", "q3", 7, 5)], [-140.0, -20.0]) == [1.0, 1.0]
     metrics, _ = g.finish_step(["gemma"])
     assert metrics["src/gemma/screened_likelihood"] == 1
     assert metrics["src/me/ll_per_byte"] == pytest.approx(-0.26, abs=0.01)
@@ -283,9 +278,9 @@ def test_a_row_two_screens_act_on_counts_once():
     poisoned = [rollout("q0", 0, correct("q0") + PAYLOAD), rollout("q1", 0, correct("q1") + PAYLOAD)]
     out = g.screen_text({"mallory": poisoned}, own_texts())["mallory"]
     assert len(out) == 2                                                        # both cut, both still rows
-    g.gate([_row("me", f"q{i % 4}", i, 100) for i in range(16)], toks([-25.0 - (i % 3) for i in range(16)]))
+    g.gate([_row("me", f"q{i % 4}", i, 100) for i in range(16)], [-25.0 - (i % 3) for i in range(16)])
     rows = [_row("mallory", r.prompt_id, r.sample_index, 100) for r in out]
-    assert g.gate(rows, toks([-300.0, -26.0])) == [0.0, 1.0]                          # the first is also an outlier
+    assert g.gate(rows, [-300.0, -26.0]) == [0.0, 1.0]                          # the first is also an outlier
     metrics, _ = g.finish_step(["mallory"])
     assert metrics["src/mallory/screened_tail_cut"] == 2 and metrics["src/mallory/screened_likelihood"] == 1
     assert metrics["src/mallory/screened_rows"] == 2 and metrics["src/mallory/screened_out"] == 1
