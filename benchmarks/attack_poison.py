@@ -252,7 +252,7 @@ class Attack:
 
 def evaluate(worker, verifier, items, max_new_tokens: int, seed: int) -> dict:
     """Greedy responses of ``worker`` to ``items``: {problem id: (correct, response text)}."""
-    from hacrl_fed.worker.engine import Sampling
+    from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
 
     m = worker.cfg.model

@@ -72,7 +72,7 @@ def main() -> None:
     from hacrl_fed.algo.optim_config import OptimConfig
     from hacrl_fed.config import ModelConfig
     from hacrl_fed.data.prompts import render_prompt
-    from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+    from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
     from hacrl_fed.worker.models import load_model
     from model_cache import hf_dir
 

@@ -1,6 +1,6 @@
 """Rollout-engine throughput: batched generation vs a per-sample ``generate`` loop (ARCHITECTURE §7).
 
-Both sides run :class:`hacrl_fed.worker.engine.HFRolloutEngine` on the same prompts with the same
+Both sides run :class:`hacrl_fed.rollout.engine.HFRolloutEngine` on the same prompts with the same
 sampling settings; the batched side generates all sequences in one left-padded ``generate`` call
 (KV cache), the per-sample side calls ``generate`` once per sequence. Each side includes the
 behaviour log-probs the worker needs (the engine's default pass). Prints one JSON line.
@@ -40,7 +40,7 @@ def main() -> None:
 
     from hacrl_fed.config import ModelConfig
     from hacrl_fed.data.prompts import render_prompt
-    from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+    from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
     from hacrl_fed.worker.models import load_model
 
     t_load = time.perf_counter()

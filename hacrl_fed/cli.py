@@ -53,6 +53,22 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+ENGINE_HELP = "Rollout engine: hf (Hugging Face generate) | vllm (a GPU site's worker environment with vllm)."
+
+
+def _check_engine(engine: str) -> None:
+    """Exit 2 with one line for an unknown engine, or for vllm where it is not importable."""
+    if engine not in ("hf", "vllm"):
+        fail(f"--engine must be hf or vllm, got {engine!r}")
+    if engine == "vllm":
+        from hacrl_fed.rollout.vllm_engine import VLLMUnavailableError, require_vllm
+
+        try:
+            require_vllm()
+        except VLLMUnavailableError as err:
+            fail(str(err))
+
+
 def _one_line(err: Exception) -> str:
     """An exception as one line; OSError as ``PATH: reason``."""
     if isinstance(err, OSError) and err.strerror:
@@ -114,12 +130,13 @@ def worker_cmd(
     no_resume: bool = typer.Option(False, "--no-resume", help="Ignore existing checkpoints."),
     status_file: Path | None = typer.Option(None, "--status-file", help="Keep the worker's current phase here "
                                             "(JSON: loading, generating with tokens/s, training k/M …)."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP + " Overrides agent.model.engine."),
 ) -> None:
     """Advanced: run only the site's agent worker (the process that owns the model).
 
     For a worker in a GPU container or another Python environment; `hacrl-fed client --worker-address`
     attaches a site to it."""
-    from hacrl_fed.config import ClientConfig, ConfigError, load_config
+    from hacrl_fed.config import ClientConfig, ConfigError, load_config, parse_config
 
     try:
         cfg = load_config(config, ClientConfig)
@@ -129,6 +146,11 @@ def worker_cmd(
             cfg.agent.model.name_or_path = model
         if device:
             cfg.agent.model.device = device
+        if engine:
+            _check_engine(engine)
+            cfg.agent.model.engine = engine
+        _check_engine(cfg.agent.model.engine)
+        cfg = parse_config(cfg.model_dump(), ClientConfig, str(config))   # the overrides checked like the file
         from hacrl_fed.worker.service import check_bind_address
 
         check_bind_address(address or cfg.agent.worker_address)
@@ -179,6 +201,7 @@ def eval_cmd(
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
                                  "instead of the readable table."),
+    engine: str = typer.Option("hf", "--engine", help=ENGINE_HELP),
 ) -> None:
     """Evaluate a model on math problems with the training verifier: avg@k and pass@k."""
     import json
@@ -187,14 +210,16 @@ def eval_cmd(
 
     from hacrl_fed.config import ModelConfig, format_validation_error
 
+    _check_engine(engine)
     try:
         extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
-        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template, **extra)
+        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template, engine=engine,
+                                **extra)
     except ValidationError as err:
         fail(format_validation_error(err, "options").replace("\n", "; "))
     if not data.is_file():
         fail(f"{data}: no such data file")
-    from hacrl_fed.worker.engine import Sampling
+    from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.evaluate import run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
@@ -260,6 +285,8 @@ def client_cmd(
                                               help="Attach to a running worker (loopback/unix) instead of starting one."),
     run_id: str | None = typer.Option(None, "--run-id", help="The coordinator's run id (run_id): refuse to start "
                                       "with checkpoints of another run."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP + " Overrides agent.model.engine; with "
+                                      "--worker-address the attached worker must run this engine."),
 ) -> None:
     """Site: the agent worker (owns the model) plus a flower-supernode that couriers messages to it."""
     from pydantic import ValidationError
@@ -268,6 +295,8 @@ def client_cmd(
     from hacrl_fed.launch.client_cmd import fill_site_layout, resolve_client_config, run_client
 
     _cli_logging()
+    if engine == "vllm" and worker_address is None:
+        _check_engine(engine)                      # this site would start its worker in this environment
     try:
         if config is not None:
             data = load_config(config, ClientConfig).model_dump(exclude_unset=True)
@@ -276,7 +305,9 @@ def client_cmd(
         else:
             raise ConfigError("give --config client.toml, or at least --model and --name")
         agent = data.setdefault("agent", {})
-        overrides = {"name": name, "model.name_or_path": model, "model.device": device}
+        if engine is not None and engine not in ("hf", "vllm"):
+            raise ConfigError(f"--engine must be hf or vllm, got {engine!r}")
+        overrides = {"name": name, "model.name_or_path": model, "model.device": device, "model.engine": engine}
         for key, value in overrides.items():
             if value is not None:
                 section, _, field = key.rpartition(".")
@@ -292,6 +323,8 @@ def client_cmd(
         fail(format_validation_error(err, str(config or "options")).replace("\n", "; "))
     except ConfigError as err:
         fail(_one_line(err))
+    if worker_address is None:
+        _check_engine(cfg.agent.model.engine)      # this site starts its worker in this environment
     from hacrl_fed.atomic import LockedError
 
     try:

@@ -131,7 +131,9 @@ class ModelConfig(Strict):
     sampling pass (no second forward); ``teacher_forced`` re-scores every response in one more forward, the
     trainer's layout; ``auto`` picks ``generation`` for float32 and ``teacher_forced`` under bf16 / fp16
     (weights or autocast), where only the trainer's layout reproduces the trainer's own first forward to
-    float32 rounding (``hacrl_fed.worker.engine``; README, "Mixed precision")."""
+    float32 rounding (``hacrl_fed.rollout.engine``; README, "Mixed precision"). With ``engine = "vllm"``,
+    ``generation`` takes vLLM's log-probs of the sampled tokens and ``auto`` means ``teacher_forced`` (vLLM's
+    kernels and bf16 differ from the trainer's forward; README, "Rollout engines")."""
     chat_template: Literal["auto", "plain"] = "auto"
     """``auto``: the tokenizer's chat template when it has one, else the plain template."""
     system_prompt: str = "Solve the problem. Put the final answer in \\boxed{}."
@@ -155,9 +157,28 @@ class ModelConfig(Strict):
     when its gradient is ~1e-9 (the softmax pushes down every token not sampled); freezing them keeps a
     small-batch RL update to the transformer blocks and skips the head's weight gradient (README, "Base-model
     stability")."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: ``hf`` (Hugging Face ``generate``, any device) or ``vllm`` (a colocated vLLM engine on
+    the model's CUDA device, installed in the worker's own environment; :mod:`hacrl_fed.rollout.vllm_engine`,
+    README "vLLM on a GPU site"). The three settings below are used by ``vllm`` only."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.3
+    """vLLM: share of the GPU's memory its engine may take (weights, activations, KV cache); the rest stays
+    for the training model, its gradients and optimizer state (TRL's colocate default, 0.3)."""
+    enable_sleep_mode: bool = False
+    """vLLM: free the engine's GPU memory during each update (``LLM.sleep(level=1)``: KV cache dropped,
+    weights offloaded to CPU RAM) and wake it for the next generation; costs host↔device copies."""
+    tensor_parallel_size: PositiveInt = 1
+    """vLLM: GPUs the engine shards the model over (the training model stays on ``device``)."""
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
+
+    @model_validator(mode="after")
+    def _vllm_needs_cuda(self) -> ModelConfig:
+        if self.engine == "vllm" and not self.device.startswith("cuda"):
+            raise ValueError(f"model.engine = 'vllm' needs a CUDA device (model.device = 'cuda' or 'cuda:N'), got "
+                             f"device = {self.device!r}; use engine = 'hf' on a CPU")
+        return self
 
     @model_validator(mode="after")
     def _autocast_needs_float32(self) -> ModelConfig:

@@ -40,7 +40,7 @@ from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, fre
 from hacrl_fed.site.watch import SupernodeWatcher, worker_line_visible
 from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
 
-__all__ = ["check_site", "fill_site_layout", "resolve_client_config", "run_client"]
+__all__ = ["check_site", "check_worker_health", "fill_site_layout", "resolve_client_config", "run_client"]
 
 log = logging.getLogger("hacrl_fed.client")
 
@@ -243,6 +243,21 @@ def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: st
         lock.release()
 
 
+def check_worker_health(health, cfg: ClientConfig, address: str) -> None:
+    """The worker at ``address`` must be this site's agent and run the engine its configuration names.
+
+    ``health`` is the worker's ``HealthResponse`` (an empty ``engine``: a worker from before engines were
+    reported, which ran Hugging Face ``generate``). Raises ``ConfigError`` naming both sides.
+    """
+    name = cfg.agent.name
+    if health.agent_id != name:
+        raise ConfigError(f"the worker at {address} is agent {health.agent_id!r}, not {name!r}")
+    running = health.engine or "hf"
+    if running != cfg.agent.model.engine:
+        raise ConfigError(f"the worker at {address} runs the {running!r} engine, this site's configuration says "
+                          f"{cfg.agent.model.engine!r} (agent.model.engine / --engine)")
+
+
 def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_address: str | None,
               worker_timeout_s: float) -> int:
     name = cfg.agent.name
@@ -258,8 +273,7 @@ def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_addres
             else:
                 address = worker_address
             health = wait_until_healthy(address, worker_timeout_s)
-            if health.agent_id != name:
-                raise ConfigError(f"the worker at {address} is agent {health.agent_id!r}, not {name!r}")
+            check_worker_health(health, cfg, address)
             log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)
             return _supernode_loop(sup, cfg, address, port or free_port(), env, worker)
         except Shutdown as sig:

@@ -93,20 +93,22 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("agent_id", "model_fingerprint", "step", "device", "ready", "run_id")
+    __slots__ = ("agent_id", "model_fingerprint", "step", "device", "ready", "run_id", "engine")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     model_fingerprint: str
     step: int
     device: str
     ready: bool
     run_id: str
-    def __init__(self, agent_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., step: _Optional[int] = ..., device: _Optional[str] = ..., ready: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
+    engine: str
+    def __init__(self, agent_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., step: _Optional[int] = ..., device: _Optional[str] = ..., ready: _Optional[bool] = ..., run_id: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("kind", "path")

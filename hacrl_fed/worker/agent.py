@@ -29,7 +29,8 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
 from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, export_hf
-from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+from hacrl_fed.rollout.engine import Sampling
+from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
@@ -183,12 +184,16 @@ class AgentWorker:
         if cfg.algo.kl_coef > 0:
             ref = copy.deepcopy(self.model).merge_and_unload() if self.loaded.is_lora else copy.deepcopy(self.model)
             ref.requires_grad_(False).eval()
-        self.engine = HFRolloutEngine(self.model, self.tokenizer, max_batch_sequences=max_batch_sequences,
-                                      logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
-                                      stop_strings=stop_strings(self.tokenizer, cfg.model.chat_template,
-                                                                cfg.model.stop),
-                                      behaviour_logprobs=cfg.model.behaviour_logprobs,
-                                      autocast_dtype=self.loaded.autocast_dtype)
+        m = cfg.model
+        try:
+            self.engine = build_engine(
+                self.loaded, m, stop_strings=stop_strings(self.tokenizer, m.chat_template, m.stop),
+                max_batch_sequences=max_batch_sequences, logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
+                work_dir=root / "vllm", seed=0,
+                max_model_len=m.max_prompt_tokens + max(m.max_response_tokens, self.sampling_defaults.max_new_tokens))
+        except BaseException:
+            self._dir_lock.release()
+            raise
         self.trainer = Trainer(cfg.name, self.model, self.tokenizer, algo=cfg.algo, optim=cfg.optim,
                                max_response_tokens=cfg.model.max_response_tokens, roster=self.roster, ref_model=ref,
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
@@ -209,6 +214,7 @@ class AgentWorker:
                                                                                    state.capability)
                 self._saved_step = state.step
                 self.trainer.guard.load_state_dict(state.extra.get("screens"))
+                self.engine.weights_updated()            # the checkpoint's weights generate next
                 published = state.extra.get("published_fingerprint")
                 self._fingerprint = published if isinstance(published, str) and published else None
                 detail_log.info("resumed run %r after step %d from %s", state.run_id, state.step, path)
@@ -409,12 +415,15 @@ class AgentWorker:
             self._check_run(req.run_id, req.step, for_generate=False)
             parent = self.fingerprint
             self._fingerprint = None               # undefined while the weights change: Health waits for the lock
+            self.engine.prepare_update()
             try:
                 with self.status.phase("training", step=req.step):
                     report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
             except (PreconditionError, InvalidRequestError):
                 self._fingerprint = parent         # refused before any weight changed
                 raise
+            finally:
+                self.engine.weights_updated()      # possibly half-updated on a failure: the engine syncs either way
             # any other failure leaves it None: the weights may be half-updated, they are hashed when next asked
             self._fingerprint = lineage_fingerprint(parent, self._update_digest(req))
             log.info("%s", train_summary(report))
@@ -459,7 +468,8 @@ class AgentWorker:
             with self.lock:
                 fingerprint = self.fingerprint
         return wpb.HealthResponse(agent_id=self.name, model_fingerprint=fingerprint, step=self.trainer.step,
-                                  device=str(self.loaded.device), ready=True, run_id=self.trainer.run_id)
+                                  device=str(self.loaded.device), ready=True, run_id=self.trainer.run_id,
+                                  engine=self.engine.name)
 
     def checkpoint(self, req: wpb.CheckpointRequest) -> wpb.CheckpointResponse:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory."""

@@ -193,32 +193,44 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
              verifier_cfg=None, max_batch_sequences: int = 32, show_progress: bool = True) -> dict[str, float]:
     """Evaluate ``model_cfg`` on the problems in ``data`` (JSONL/parquet; fields id, problem, answer).
 
+    Generates with the engine ``model_cfg.engine`` names (:func:`~hacrl_fed.worker.engines.build_engine`).
     Returns the summary (see :func:`summarize`) plus ``elapsed_s``; writes per-problem JSONL to
-    ``out`` when given. Raises ``ModelLoadError``, ``ValueError`` (bad data or options) or ``OSError``.
+    ``out`` when given. Raises ``ModelLoadError``, ``ValueError`` (bad data or options), ``OSError``, or
+    ``VLLMUnavailableError`` (before the model loads) for the vllm engine without vllm.
     """
-    import time
+    import tempfile
 
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from hacrl_fed.config import VerifierConfig
     from hacrl_fed.data.prompts import stop_strings
-    from hacrl_fed.reward import Verifier
-    from hacrl_fed.worker.engine import HFRolloutEngine
+    from hacrl_fed.worker.engines import build_engine
     from hacrl_fed.worker.models import load_model
 
     items = _load_items(data, limit, answer_style)
     if not items:
         raise ValueError(f"{data}: no problems to evaluate")
+    if model_cfg.engine == "vllm":
+        from hacrl_fed.rollout.vllm_engine import require_vllm
+
+        require_vllm()                                   # before the model loads
     lm = load_model(model_cfg)
-    engine = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch_sequences,
-                             stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop),
-                             behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=lm.autocast_dtype)
+    with tempfile.TemporaryDirectory(prefix="hacrl-fed-eval-") as work_dir:
+        engine = build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template,
+                                                                       model_cfg.stop),
+                              max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed,
+                              max_model_len=model_cfg.max_prompt_tokens + sampling.max_new_tokens)
+        return _run_items(engine, lm, model_cfg, items, samples=samples, out=out, sampling=sampling, seed=seed,
+                          verifier_cfg=verifier_cfg, max_batch_sequences=max_batch_sequences,
+                          show_progress=show_progress)
+
+
+def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, verifier_cfg, max_batch_sequences,
+               show_progress) -> dict[str, float]:
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hacrl_fed.config import VerifierConfig
+    from hacrl_fed.reward import Verifier
+
     chunk = max(1, max_batch_sequences // samples)
     t0 = time.perf_counter()
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -37,7 +37,7 @@ from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
-from hacrl_fed.worker.engine import GeneratedSample
+from hacrl_fed.rollout.engine import GeneratedSample
 from hacrl_fed.worker.errors import PreconditionError
 
 __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
 
 KINDS = ["tiny-llama-bpe", "tiny-gemma-unigram"]
 
@@ -124,7 +124,7 @@ def test_stop_strings_end_generation_and_cut_the_response(load_tiny, render_prom
 
 
 def test_stop_criterion_marks_only_rows_whose_tail_holds_a_stop_string(load_tiny):
-    from hacrl_fed.worker.engine import _StopOnStrings
+    from hacrl_fed.rollout.engine import _StopOnStrings
 
     tok = load_tiny("tiny-gemma-unigram").tokenizer
     rows = [tok("x y\nQuestion: z", add_special_tokens=False).input_ids, tok("x y z w", add_special_tokens=False).input_ids]
@@ -177,7 +177,7 @@ def test_generation_pass_logprobs_equal_teacher_forced(load_tiny, render_prompts
 
 
 def test_row_logprobs_reads_prefixes_and_refuses_the_rest():
-    from hacrl_fed.worker.engine import _row_logprobs
+    from hacrl_fed.rollout.engine import _row_logprobs
 
     generated, sampled, eos = [5, 6, 7, 9], [-1.0, -2.0, -3.0, -4.0], [-10.0, -20.0, -30.0, -40.0]
     assert _row_logprobs(generated, [5, 6, 7], sampled, eos, eos_id=9) == (-1.0, -2.0, -3.0)
@@ -197,7 +197,7 @@ def test_engine_options_are_checked(load_tiny):
 
 def test_capture_keeps_one_step_of_logits():
     """The capture records [B] values per step and keeps a single [B, V] log-softmax, whatever the length."""
-    from hacrl_fed.worker.engine import _SampledTokenLogprobs
+    from hacrl_fed.rollout.engine import _SampledTokenLogprobs
 
     B, V, width = 3, 50, 4
     cap = _SampledTokenLogprobs(temperature=0.5, eos_id=7, prompt_width=width)

@@ -9,7 +9,7 @@ import torch
 
 from hacrl_fed.config import ModelConfig
 from hacrl_fed.data.prompts import render_prompt
-from hacrl_fed.worker.engine import HFRolloutEngine, Sampling
+from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
 from hacrl_fed.worker.models import load_model, model_fingerprint
 
 pytestmark = pytest.mark.slow

@@ -137,11 +137,24 @@ class GeneratedSample:
 
 
 class RolloutEngine(Protocol):
-    """What the worker needs from a generation backend."""
+    """What the worker needs from a generation backend (:class:`HFRolloutEngine`, or
+    :class:`~hacrl_fed.rollout.vllm_engine.VLLMRolloutEngine` on a GPU site)."""
+
+    name: str
+    """``"hf"`` or ``"vllm"`` (``model.engine``; the worker's Health reports it)."""
+    max_batch_sequences: int
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: Any,
                  seed: int) -> list[GeneratedSample]:
         """``n`` responses per prompt, ordered prompt-major (prompt 0 samples 0..n-1, prompt 1 …)."""
+        ...
+
+    def prepare_update(self) -> None:
+        """Called before the training model's weights change (an engine may free memory for the update)."""
+        ...
+
+    def weights_updated(self) -> None:
+        """Called after they changed (an update, a checkpoint loaded): the next generation uses the new weights."""
         ...
 
 
@@ -181,6 +194,8 @@ class HFRolloutEngine:
     Raises ``ValueError`` for a size < 1, an unknown ``behaviour_logprobs`` or a bad ``autocast_dtype``.
     """
 
+    name = "hf"
+
     def __init__(self, model, tokenizer, *, max_batch_sequences: int = 32, logprob_batch_tokens: int = 8192,
                  logprob_chunk_tokens: int = 1024, stop_strings: Sequence[str] = (),
                  behaviour_logprobs: str = "auto", autocast_dtype: torch.dtype | None = None) -> None:
@@ -207,6 +222,12 @@ class HFRolloutEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def prepare_update(self) -> None:
+        """Nothing to do: generation runs on the training model itself."""
+
+    def weights_updated(self) -> None:
+        """Nothing to do: generation runs on the training model itself."""
 
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: Any,
                  seed: int) -> list[GeneratedSample]:
@@ -413,3 +434,4 @@ class _StopOnStrings:
             tail = decode_text(self.tokenizer, row[-self.window:])
             done[b] = any(s in tail for s in self.stop_strings)
         return done
+
