@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check on a CUDA machine: the default pair on cuda:0 with bf16 mixed precision, one short simulate, and
-# the side-by-side step of benchmarks/bench_vs_trl.py on the GPU; writes a small JSON of the timings.
+# GPU check on a CUDA machine: the default pair on cuda:0 with bf16 mixed precision, one short simulate, the
+# side-by-side step of benchmarks/bench_vs_trl.py on the GPU, and the vLLM engine's GPU test where vllm imports;
+# writes a small JSON of the timings.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          # default OUT_DIR: runs/gpu-check
 #
@@ -49,18 +50,27 @@ if "$py" -c "import trl" 2>/dev/null; then
 fi
 t2=$(date +%s.%N)
 
+# 2b. The vLLM engine's GPU test (a tiny model: generation, behaviour log-probs, a weight sync), where vllm imports.
+vllm_status="skipped: vllm is not importable here (README \"Rollout engines\")"
+if "$py" -c "import vllm" 2>/dev/null; then
+  "$py" -m pytest -q -p no:cacheprovider -m gpu tests/worker/test_vllm_engine.py > "$out/vllm_engine.log" 2>&1 \
+    && vllm_status=ok || vllm_status="failed: see vllm_engine.log"
+fi
+
 # 3. One JSON of the timings.
-"$py" - "$out" "$t0" "$t1" "$t2" "$bench_status" <<'EOF'
+"$py" - "$out" "$t0" "$t1" "$t2" "$bench_status" "$vllm_status" <<'EOF'
 import json, sys
 from pathlib import Path
 import torch
 out, t0, t1, t2, status = Path(sys.argv[1]), *map(float, sys.argv[2:5]), sys.argv[5]
+vllm_status = sys.argv[6]
 report = json.loads((out / "runs" / "gpu-check" / "report.json").read_text())
 summary = {
     "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
     "simulate": {"wall_s": t1 - t0, "config": str(out / "gpu.toml"), "phases_s": report.get("phases", {}),
                  "agents": report.get("agents", {})},
     "bench_vs_trl": {"status": status, "wall_s": t2 - t1},
+    "vllm_engine": {"status": vllm_status},
 }
 bench = out / "vs-trl-gpu" / "results.json"
 if status == "ok" and bench.is_file():

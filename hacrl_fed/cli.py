@@ -53,7 +53,8 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-ENGINE_HELP = "Rollout engine: hf (Hugging Face generate) | vllm (a GPU site's worker environment with vllm)."
+ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | vllm (needs device cuda and vllm installed "
+               "in this environment: README, 'Rollout engines').")
 
 
 def _check_engine(engine: str) -> None:
@@ -210,6 +211,9 @@ def eval_cmd(
 
     from hacrl_fed.config import ModelConfig, format_validation_error
 
+    if engine == "vllm" and device not in ("cuda", "cuda:0"):
+        fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
+             f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
     try:
         extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
@@ -230,7 +234,7 @@ def eval_cmd(
                            limit=limit, seed=seed, answer_style=answer_style, max_batch_sequences=batch_size)
     except ModelNotFoundError as err:
         fail(_one_line(err))
-    except (ModelLoadError, ValueError, OSError) as err:
+    except (ModelLoadError, ValueError, OSError, RuntimeError) as err:   # RuntimeError: vLLM's own failures
         fail(_one_line(err), code=1)
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))

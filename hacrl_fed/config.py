@@ -168,16 +168,20 @@ class ModelConfig(Strict):
     """vLLM: free the engine's GPU memory during each update (``LLM.sleep(level=1)``: KV cache dropped,
     weights offloaded to CPU RAM) and wake it for the next generation; costs host↔device copies."""
     tensor_parallel_size: PositiveInt = 1
-    """vLLM: GPUs the engine shards the model over (the training model stays on ``device``)."""
+    """vLLM: GPUs the engine shards the model over (the training model stays on ``device``; the engine runs in
+    bf16, or fp16 for an fp16 model, whatever ``dtype`` the training model keeps)."""
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
 
     @model_validator(mode="after")
     def _vllm_needs_cuda(self) -> ModelConfig:
-        if self.engine == "vllm" and not self.device.startswith("cuda"):
-            raise ValueError(f"model.engine = 'vllm' needs a CUDA device (model.device = 'cuda' or 'cuda:N'), got "
-                             f"device = {self.device!r}; use engine = 'hf' on a CPU")
+        if self.engine == "vllm" and self.device not in ("cuda", "cuda:0"):
+            if self.device.startswith("cuda:"):
+                raise ValueError(f"model.engine = 'vllm' runs on the first visible GPU (vLLM takes no device index): "
+                                 f"for GPU {self.device[5:]} set CUDA_VISIBLE_DEVICES={self.device[5:]} and device = 'cuda'")
+            raise ValueError(f"model.engine = 'vllm' needs a CUDA device (model.device = 'cuda'), got device = "
+                             f"{self.device!r}; use engine = 'hf' on a CPU")
         return self
 
     @model_validator(mode="after")

@@ -11,8 +11,9 @@ What it does, and where it follows vLLM's documented API (``LLM``, ``SamplingPar
 
 * **Generation** from token ids (``{"prompt_token_ids": ...}``), ``n`` samples per request, the plan's
   temperature / top-p / top-k, ``max_tokens``, the site's stop strings and every EOS id as
-  ``stop_token_ids``; a seed per request (vLLM seeds each request's own generator, so the draw does not
-  depend on what else is batched). ``generation_config="vllm"`` keeps the model's generation-config defaults
+  ``stop_token_ids``; a seed per request, ``n`` apart from the next prompt's (vLLM seeds sample j of a request
+  with seed + j, each with its own generator: the draw does not depend on what else is batched, and no two
+  samples of a call share a stream). ``generation_config="vllm"`` keeps the model's generation-config defaults
   (a repetition penalty, say) out of the sampling.
 * **The project's EOS convention** (:func:`completion_response`): a response that stopped on EOS keeps it;
   one cut at a stop string is cut before it by the same token rule as the Hugging Face engine
@@ -40,10 +41,14 @@ What it does, and where it follows vLLM's documented API (``LLM``, ``SamplingPar
   projections such as ``qkv_proj`` hold the same numbers; vocabulary padding is zero). The version stamp
   written in the same call is read back before every generation. LoRA: the adapter id must be the
   current version and loaded.
-* **Sleep mode** (``model.enable_sleep_mode``): ``LLM.sleep(level=1)`` before each update (KV cache freed,
-  weights offloaded to CPU RAM), ``wake_up(tags=["weights"])``, sync, ``wake_up(tags=["kv_cache"])`` before
-  the next generation. Level 1, not 2: a level-2 sleep also drops the model's buffers (rotary caches), and the
-  LoRA path keeps its base weights.
+* **Sleep mode** (``model.enable_sleep_mode``): ``LLM.sleep`` before each update, ``wake_up(tags=["weights"])``,
+  sync, ``wake_up(tags=["kv_cache"])`` before the next generation (TRL's order). Full fine-tuning sleeps at level 2
+  (weights and KV cache freed, not copied to CPU: the sync overwrites every weight; vLLM ≥ 0.28 keeps the model's
+  buffers across it); LoRA at level 1 (weights offloaded to CPU RAM and restored: the base weights never change).
+* **Limits**: the engine runs on the first visible GPU (vLLM takes no device index: ``CUDA_VISIBLE_DEVICES``
+  picks it), in bf16 (fp16 for an fp16 model). The sync calls ``load_weights`` directly, not vLLM 0.28's
+  ``reload_weights`` path, whose extra steps matter only for quantized layers: quantized models are not supported.
+  With ``tensor_parallel_size`` > 1 the weights are pickled to each worker process (slow for large models).
 
 The calls were checked against the source of vLLM 0.28.0 (``LLM.generate`` / ``collective_rpc`` / ``sleep`` /
 ``wake_up``, the V1 detokenizer keeping a stop string's tokens and the EOS in ``token_ids`` while cutting the
@@ -76,9 +81,9 @@ __all__ = ["VLLMRolloutEngine", "VLLMSettings", "VLLMUnavailableError", "WeightS
 
 log = logging.getLogger("hacrl_fed.worker")
 
-SLEEP_LEVEL = 1
-"""``LLM.sleep`` level: 1 offloads weights to CPU RAM and frees the KV cache (module docstring)."""
-LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+SLEEP_LEVEL_FULL, SLEEP_LEVEL_LORA = 2, 1
+"""``LLM.sleep`` levels (module docstring): 2 frees weights and KV cache, 1 offloads weights to CPU RAM."""
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``max_lora_rank`` values vLLM accepts; the engine takes the smallest one ≥ ``model.lora_rank``."""
 NON_CHECKPOINT_SUFFIXES = ("k_scale", "v_scale", "q_scale", "prob_scale")
 """vLLM parameters no Hugging Face checkpoint holds (attention quantization scales): not required to be loaded."""
@@ -117,11 +122,12 @@ class VLLMSettings:
     enable_sleep_mode: bool = False
     tensor_parallel_size: int = 1
     dtype: str = "bfloat16"
-    """``float32`` | ``bfloat16`` | ``float16``: the engine's weights (the training model's ``model.dtype``)."""
+    """``float32`` | ``bfloat16`` | ``float16``: the engine's weights (:meth:`for_model_dtype`)."""
     max_model_len: int | None = None
     """Prompt + response tokens per sequence (None: the model's own limit)."""
     lora_rank: int = 0
     seed: int = 0
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -132,6 +138,13 @@ class VLLMSettings:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.lora_rank > LORA_RANKS[-1]:
             raise ValueError(f"vLLM serves LoRA ranks up to {LORA_RANKS[-1]}, got {self.lora_rank}")
+
+    @staticmethod
+    def for_model_dtype(model_dtype: str) -> str:
+        """The engine's dtype for a training model kept in ``model_dtype``: ``float16`` stays, anything else serves
+        in ``bfloat16`` (vLLM's usual precision; float32 generation is slower and gains nothing while the behaviour
+        log-probs are re-scored by the training model, the default)."""
+        return "float16" if model_dtype == "float16" else "bfloat16"
 
     @property
     def max_lora_rank(self) -> int:
@@ -145,6 +158,7 @@ class VLLMSettings:
             "gpu_memory_utilization": self.gpu_memory_utilization, "enable_sleep_mode": self.enable_sleep_mode,
             "tensor_parallel_size": self.tensor_parallel_size, "seed": self.seed,
             "logprobs_mode": "processed_logprobs", "generation_config": "vllm",
+            "trust_remote_code": self.trust_remote_code,
         }
         if self.max_model_len:
             kwargs["max_model_len"] = self.max_model_len
@@ -159,8 +173,8 @@ def build_llm(model_path: str, settings: VLLMSettings) -> Any:
     require_vllm()
     # the engine core in this process: collective_rpc then calls the weight loader directly (TRL's colocate mode)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if settings.tensor_parallel_size > 1:
-        # workers of a sharded engine are other processes: the loader function and the tensors are pickled
+    if settings.tensor_parallel_size > 1 or os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        # the engine's workers are other processes: the loader function and the tensors are pickled to them
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
 
@@ -194,9 +208,13 @@ def logprobs_exact(sp: Sampling) -> bool:
     return not sp.greedy and sp.top_p == 1.0 and sp.top_k == 0
 
 
-def request_seed(seed: int, prompt_index: int) -> int:
-    """The vLLM seed of prompt ``prompt_index`` of a call seeded ``seed`` (63 bits)."""
-    return (int(seed) * 1_000_003 + prompt_index) % (2**63)
+def request_seed(seed: int, prompt_index: int, n: int) -> int:
+    """The vLLM seed of prompt ``prompt_index`` of a call seeded ``seed`` that asks ``n`` samples per prompt.
+
+    vLLM seeds sample j of a request with ``seed + j`` (``vllm/v1/engine/parallel_sampling.py``), so the prompts'
+    seeds are ``n`` apart: no two samples of one call share a random stream, even for duplicate prompts. 63 bits.
+    """
+    return (int(seed) * 2**32 + prompt_index * n) % (2**63)
 
 
 def completion_response(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, finish_reason: Any,
@@ -290,7 +308,9 @@ def load_weights_on_worker(worker, weights: list[tuple[str, torch.Tensor]], vers
     missing = (None if loaded is None else
                sorted(n for n in params if n not in loaded and not n.endswith(NON_CHECKPOINT_SUFFIXES)))
     total = magnitude = 0.0
-    for p in params.values():
+    for name, p in params.items():
+        if name.endswith(NON_CHECKPOINT_SUFFIXES):
+            continue
         v = p.detach().double()
         total += float(v.sum())
         magnitude += float(v.abs().sum())
@@ -402,9 +422,9 @@ class VLLMRolloutEngine:
     # ------------------------------------------------------------------ RolloutEngine
 
     def prepare_update(self) -> None:
-        """Before an update: with sleep mode, ``LLM.sleep(level=1)`` frees the engine's GPU memory."""
+        """Before an update: with sleep mode, ``LLM.sleep`` frees the engine's GPU memory (level 2; LoRA: 1)."""
         if self.settings.enable_sleep_mode and not self.asleep:
-            self.llm.sleep(level=SLEEP_LEVEL)
+            self.llm.sleep(level=SLEEP_LEVEL_LORA if self.is_lora else SLEEP_LEVEL_FULL)
             self.asleep = True
 
     def weights_updated(self) -> None:
@@ -431,7 +451,7 @@ class VLLMRolloutEngine:
                              f"the vLLM engine's max_model_len {limit}")
         self.ready()
         want_logprobs = self.behaviour_logprobs == "generation" and logprobs_exact(sp)
-        params = [self._sampling_params(**sampling_kwargs(sp, n, request_seed(seed, i), stop_strings=self.stop_strings,
+        params = [self._sampling_params(**sampling_kwargs(sp, n, request_seed(seed, i, n), stop_strings=self.stop_strings,
                                                           eos_ids=self.eos_ids, logprobs=want_logprobs))
                   for i in range(len(prompts))]
         extra = {"lora_request": self._lora} if self.is_lora else {}
@@ -507,10 +527,17 @@ class VLLMRolloutEngine:
         reports = self.llm.collective_rpc(load_weights_on_worker, args=(weights, self.version))
         check_sync_reports(reports, expected, tensor_parallel_size=self.settings.tensor_parallel_size,
                            version=self.version)
-        self.llm.reset_prefix_cache()        # cached KV blocks were computed with the old weights
+        self._reset_prefix_cache()
         self._label_version()
         self.synced = self.version
         self.sync_count += 1
+
+    def _reset_prefix_cache(self) -> None:
+        """Cached KV blocks were computed with the old weights: drop them, or fail (vLLM answers False while
+        requests run, which between two generations of this worker never happens)."""
+        if self.llm.reset_prefix_cache() is False:
+            raise WeightSyncError(f"vLLM could not reset its prefix cache after the sync of version {self.version}: "
+                                  f"cached KV blocks of the old weights would be reused")
 
     def _label_version(self) -> None:
         """vLLM's own weight-version label (``LLM.update_weight_version``, vLLM ≥ 0.28), where it has one."""
@@ -541,7 +568,7 @@ class VLLMRolloutEngine:
             engine.remove_lora(previous.lora_int_id)
         if previous_dir is not None and previous_dir != final:
             shutil.rmtree(previous_dir, ignore_errors=True)
-        self.llm.reset_prefix_cache()
+        self._reset_prefix_cache()
         self._label_version()
         self.synced = self.version
         self.sync_count += 1

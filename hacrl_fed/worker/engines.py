@@ -34,8 +34,9 @@ def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_bat
     require_vllm()                                  # before anything is exported
     settings = VLLMSettings(gpu_memory_utilization=model_cfg.gpu_memory_utilization,
                             enable_sleep_mode=model_cfg.enable_sleep_mode,
-                            tensor_parallel_size=model_cfg.tensor_parallel_size, dtype=model_cfg.dtype,
-                            max_model_len=max_model_len, lora_rank=model_cfg.lora_rank, seed=seed)
+                            tensor_parallel_size=model_cfg.tensor_parallel_size,
+                            dtype=VLLMSettings.for_model_dtype(model_cfg.dtype), max_model_len=max_model_len,
+                            lora_rank=model_cfg.lora_rank, seed=seed, trust_remote_code=model_cfg.trust_remote_code)
     src = loaded.source
     if src.gguf_file is None and src.alias is None:
         model_path = src.path

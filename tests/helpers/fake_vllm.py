@@ -173,12 +173,13 @@ Responder = Callable[[list[int], SamplingParams, int], list[CompletionOutput]]
 
 
 def random_responder(vocab_size: int, logprob: float = -0.5) -> Responder:
-    """n completions of random ids from the request's seed; finish ``length``; every log-prob ``logprob``."""
+    """n completions of random ids; sample j drawn from seed + j, as vLLM seeds the n samples of a request
+    (``vllm/v1/engine/parallel_sampling.py``); finish ``length``; every log-prob ``logprob``."""
 
     def respond(prompt: list[int], params: SamplingParams, _: int) -> list[CompletionOutput]:
-        rng = random.Random(params.seed)
         out = []
         for i in range(params.n):
+            rng = random.Random(params.seed + i)
             ids = [rng.randrange(3, vocab_size) for _ in range(params.max_tokens)]
             lps = ([{t: Logprob(logprob, 1)} for t in ids] if params.kw.get("logprobs") is not None else None)
             out.append(CompletionOutput(i, "", ids, None, lps, "length", None))

@@ -139,9 +139,17 @@ def test_samples_come_back_prompt_major_with_the_shared_text(load_tiny, render_p
         assert s.text == lm.tokenizer.decode(list(s.response_ids), skip_special_tokens=True,
                                              clean_up_tokenization_spaces=False)
     params = eng.llm.calls[-1]["params"]
-    assert len({p.seed for p in params}) == 4, "each prompt is its own seeded request"
+    streams = [p.seed + j for p in params for j in range(p.n)]        # vLLM seeds sample j with seed + j
+    assert len(set(streams)) == len(streams) == 12, "no two samples of a call share a random stream"
     again = _engine(lm, tmp_path / "b").generate(prompts, 3, Sampling(max_new_tokens=6), seed=4)
     assert sorted(s.response_ids for s in again) == sorted(s.response_ids for s in out)
+
+
+def test_the_same_prompt_twice_in_one_call_draws_different_samples(load_tiny, render_prompts, tmp_path):
+    lm = load_tiny(KIND)
+    prompt = render_prompts(lm.tokenizer)[0]
+    out = _engine(lm, tmp_path).generate([prompt, prompt], 2, Sampling(max_new_tokens=8), seed=3)
+    assert len({s.response_ids for s in out}) == 4
 
 
 def test_an_answer_for_another_prompt_or_missing_samples_is_an_error(load_tiny, render_prompts, tmp_path):
@@ -288,7 +296,7 @@ def test_sleep_mode_frees_the_engine_for_the_update_and_wakes_weights_before_kv_
     eng.weights_updated()
     eng.generate(prompts, 1, Sampling(max_new_tokens=3), seed=0)
     kinds = [e[:2] if e[0] != "rpc" else e for e in eng.llm.events]
-    assert kinds == [("sleep", 1), ("wake_up", ("weights",)), ("rpc", "load_weights_on_worker"),
+    assert kinds == [("sleep", 2), ("wake_up", ("weights",)), ("rpc", "load_weights_on_worker"),
                      ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("rpc", "weights_version_on_worker"),
                      ("generate", None)]
     plain = _engine(lm, tmp_path / "b")
@@ -304,6 +312,9 @@ def test_lora_adapters_are_loaded_as_adapters_one_version_at_a_time(load_tiny, r
     eng = _engine(lm, tmp_path, settings=VLLMSettings(dtype="float32", lora_rank=4))
     assert eng.settings.max_lora_rank == 8
     eng.generate(prompts, 1, Sampling(max_new_tokens=3), seed=0)
+    eng.llm.events.clear()
+    eng.prepare_update()
+    assert eng.llm.events == [], "no sleep without sleep mode"
     assert eng.llm.calls[-1]["lora_request"].lora_int_id == 1
     first = tmp_path / "vllm" / "lora-v00000001"
     assert (first / "adapter_config.json").is_file()
@@ -321,6 +332,22 @@ def test_lora_adapters_are_loaded_as_adapters_one_version_at_a_time(load_tiny, r
     eng.weights_updated()
     with pytest.raises(WeightSyncError, match="refused"):
         eng.generate(prompts, 1, Sampling(max_new_tokens=3), seed=0)
+
+
+def test_a_lora_site_sleeps_at_level_1_keeping_its_base_weights(load_tiny, render_prompts, tmp_path):
+    lm = load_tiny(KIND, lora_rank=4)
+    eng = _engine(lm, tmp_path, settings=VLLMSettings(dtype="float32", lora_rank=4, enable_sleep_mode=True))
+    eng.generate(render_prompts(lm.tokenizer)[:1], 1, Sampling(max_new_tokens=3), seed=0)
+    eng.prepare_update()
+    assert eng.llm.events[-1] == ("sleep", 1)
+
+
+def test_a_prefix_cache_that_cannot_be_reset_fails_the_sync(load_tiny, render_prompts, tmp_path):
+    lm = load_tiny(KIND)
+    eng = _engine(lm, tmp_path)
+    eng.llm.reset_prefix_cache = lambda: False
+    with pytest.raises(WeightSyncError, match="prefix cache"):
+        eng.generate(render_prompts(lm.tokenizer)[:1], 1, Sampling(max_new_tokens=3), seed=0)
 
 
 # ----------------------------------------------------------------------------------- choosing the engine
@@ -347,8 +374,12 @@ def test_vllm_on_a_cpu_device_is_a_config_error():
 
     with pytest.raises(ValidationError, match="needs a CUDA device"):
         ModelConfig(name_or_path=KIND, engine="vllm")
-    cfg = ModelConfig(name_or_path=KIND, engine="vllm", device="cuda:1", gpu_memory_utilization=0.5)
+    with pytest.raises(ValidationError, match="CUDA_VISIBLE_DEVICES=1 and device = 'cuda'"):
+        ModelConfig(name_or_path=KIND, engine="vllm", device="cuda:1")
+    cfg = ModelConfig(name_or_path=KIND, engine="vllm", device="cuda", gpu_memory_utilization=0.5)
     assert (cfg.engine, cfg.enable_sleep_mode, cfg.tensor_parallel_size) == ("vllm", False, 1)
+    assert [VLLMSettings.for_model_dtype(d) for d in ("float32", "bfloat16", "float16")] == [
+        "bfloat16", "bfloat16", "float16"]
 
 
 def test_settings_become_vllms_llm_keywords():
@@ -356,7 +387,8 @@ def test_settings_become_vllms_llm_keywords():
                       max_model_len=768, lora_rank=12, seed=3).llm_kwargs("/m")
     assert kw == {"model": "/m", "tokenizer": "/m", "dtype": "bfloat16", "gpu_memory_utilization": 0.4,
                   "enable_sleep_mode": True, "tensor_parallel_size": 2, "seed": 3,
-                  "logprobs_mode": "processed_logprobs", "generation_config": "vllm", "max_model_len": 768,
+                  "logprobs_mode": "processed_logprobs", "generation_config": "vllm", "trust_remote_code": False,
+                  "max_model_len": 768,
                   "enable_lora": True, "max_lora_rank": 16, "max_loras": 1}
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         VLLMSettings(gpu_memory_utilization=1.5)
@@ -411,7 +443,7 @@ def test_asking_for_vllm_where_it_is_not_importable_is_one_line_and_exit_2(comma
     (tmp_path / "p.jsonl").write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n')
     (tmp_path / "c.toml").write_text('[agent]\nname = "alice"\n[agent.model]\nname_or_path = "tiny-llama-bpe"\n'
                                      'device = "cuda"\n')
-    args = {"eval": ["eval", "--model", "tiny-llama-bpe", "--data", "p.jsonl", "--engine", "vllm"],
+    args = {"eval": ["eval", "--model", "tiny-llama-bpe", "--data", "p.jsonl", "--engine", "vllm", "--device", "cuda"],
             "worker": ["worker", "--config", "c.toml", "--engine", "vllm"],
             "client": ["client", "--config", "c.toml", "--engine", "vllm"]}[command]
     result = CliRunner().invoke(app, args)
@@ -420,13 +452,16 @@ def test_asking_for_vllm_where_it_is_not_importable_is_one_line_and_exit_2(comma
     assert not (tmp_path / "runs").exists(), "nothing was started or written"
 
 
-def test_an_unknown_engine_is_refused():
+def test_an_unknown_engine_or_vllm_on_a_cpu_is_refused_in_the_flags_terms():
     from typer.testing import CliRunner
 
     from hacrl_fed.cli import app
 
     result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", "x.jsonl", "--engine", "tgi"])
     assert result.exit_code == 2 and "--engine must be hf or vllm, got 'tgi'" in _one_error_line(result)
+    result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", "x.jsonl", "--engine", "vllm"])
+    assert result.exit_code == 2 and "--engine vllm runs on a GPU: give --device cuda (got --device cpu" in (
+        _one_error_line(result))
 
 
 def test_an_attached_worker_must_run_the_configured_engine():
