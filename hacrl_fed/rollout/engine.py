@@ -46,7 +46,7 @@ from hacrl_fed.algo.logprobs import token_logprobs
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
 __all__ = ["BEHAVIOUR_LOGPROBS", "GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "autocast_context",
-           "eos_token_ids"]
+           "checked_request", "eos_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 BEHAVIOUR_LOGPROBS = ("auto", "generation", "teacher_forced")
@@ -158,6 +158,19 @@ class RolloutEngine(Protocol):
         ...
 
 
+def checked_request(prompt_token_ids: Sequence[Sequence[int]], n: int,
+                    sampling: Any) -> tuple[Sampling, list[tuple[int, ...]]]:
+    """(sampling parameters, prompts as int tuples) of a ``generate`` call. Raises ``ValueError`` for ``n < 1``, an
+    empty prompt or invalid sampling parameters."""
+    sp = Sampling.of(sampling)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    prompts = [tuple(int(t) for t in p) for p in prompt_token_ids]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    return sp, prompts
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS plus the generation config's EOS id(s)."""
     ids: list[int] = []
@@ -236,12 +249,7 @@ class HFRolloutEngine:
         Deterministic for a seed (the global torch RNG is forked, so callers' RNG state is untouched).
         Raises ``ValueError`` for an empty prompt or ``n < 1``, or invalid sampling parameters.
         """
-        sp = Sampling.of(sampling)
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        prompts = [tuple(int(t) for t in p) for p in prompt_token_ids]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        sp, prompts = checked_request(prompt_token_ids, n, sampling)
         rows = [(pi, si) for pi in range(len(prompts)) for si in range(n)]
         responses: list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]] = []
         was_training = self.model.training

@@ -74,7 +74,8 @@ from typing import Any
 import torch
 
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, split_generated
-from hacrl_fed.rollout.engine import FinishReason, GeneratedSample, HFRolloutEngine, Sampling, eos_token_ids
+from hacrl_fed.rollout.engine import (FinishReason, GeneratedSample, HFRolloutEngine, Sampling, checked_request,
+                                      eos_token_ids)
 
 __all__ = ["VLLMRolloutEngine", "VLLMSettings", "VLLMUnavailableError", "WeightSyncError", "build_llm",
            "check_sync_reports", "completion_response", "require_vllm", "sampling_kwargs", "vllm_available"]
@@ -439,12 +440,7 @@ class VLLMRolloutEngine:
         sampling parameters or a prompt + ``max_new_tokens`` above ``max_model_len``; :class:`WeightSyncError`
         when vLLM does not hold the current weights; ``RuntimeError`` when vLLM's answer does not match the request.
         """
-        sp = Sampling.of(sampling)
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        prompts = [tuple(int(t) for t in p) for p in prompt_token_ids]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        sp, prompts = checked_request(prompt_token_ids, n, sampling)
         limit = self.settings.max_model_len
         if limit and any(len(p) + sp.max_new_tokens > limit for p in prompts):
             raise ValueError(f"a prompt of {max(map(len, prompts))} tokens + max_new_tokens {sp.max_new_tokens} exceeds "

@@ -205,37 +205,36 @@ def test_a_wrong_model_name_in_simulate_fails_before_any_worker_starts(tmp_path)
     assert "./models/no-such-model" in lines[0] and not (tmp_path / "runs").exists()
 
 
+def _simulate_tiny_with(tmp_path, old: str, new: str) -> str:
+    """``hacrl-fed simulate`` on ``examples/tiny.toml`` with ``old`` replaced by ``new``: its one error line (exit 2,
+    nothing written)."""
+    text = (ROOT / "examples" / "tiny.toml").read_text(encoding="utf-8")
+    assert old in text
+    (tmp_path / "tiny.toml").write_text(text.replace(old, new), encoding="utf-8")
+    result = runner.invoke(app, ["simulate", "--config", str(tmp_path / "tiny.toml"), "--no-progress",
+                                 "--output-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and not (tmp_path / "runs").exists(), lines
+    return lines[0]
+
+
 def test_a_vllm_agent_in_simulate_without_vllm_fails_before_any_worker_starts(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    text = (ROOT / "examples" / "tiny.toml").read_text(encoding="utf-8").replace(
-        'model = { name_or_path = "tiny-gemma-unigram", max_response_tokens = 32 }',
+    line = _simulate_tiny_with(
+        tmp_path, 'model = { name_or_path = "tiny-gemma-unigram", max_response_tokens = 32 }',
         'model = { name_or_path = "tiny-gemma-unigram", max_response_tokens = 32, engine = "vllm", device = "cuda" }')
-    assert 'engine = "vllm"' in text
-    (tmp_path / "tiny.toml").write_text(text, encoding="utf-8")
-    result = runner.invoke(app, ["simulate", "--config", str(tmp_path / "tiny.toml"), "--no-progress",
-                                 "--output-dir", str(tmp_path / "runs")])
-    assert result.exit_code == 2, result.output
-    lines = _error_lines(result.stderr)
-    assert len(lines) == 1 and "agents[1].model.engine (gemma-unigram): engine 'vllm' needs the vllm package" in lines[0]
-    assert not (tmp_path / "runs").exists()
+    assert "agents[1].model.engine (gemma-unigram): engine 'vllm' needs the vllm package" in line
 
 
 def test_an_unloadable_reward_function_in_simulate_fails_before_any_worker_starts(tmp_path):
-    text = (ROOT / "examples" / "tiny.toml").read_text(encoding="utf-8")
-    text = text.replace('[[agents]]\nname = "gemma-unigram"',
-                        '[[agents]]\nname = "gemma-unigram"\nreward_funcs = [{ name = "site_rewards:missing" }]')
-    assert "site_rewards" in text
-    (tmp_path / "tiny.toml").write_text(text, encoding="utf-8")
-    result = runner.invoke(app, ["simulate", "--config", str(tmp_path / "tiny.toml"), "--no-progress",
-                                 "--output-dir", str(tmp_path / "runs")])
-    assert result.exit_code == 2, result.output
-    lines = _error_lines(result.stderr)
-    assert len(lines) == 1 and "agents[1].reward_funcs (gemma-unigram): reward function 'site_rewards:missing'" \
-        in lines[0] and "cannot import site_rewards" in lines[0]
-    assert not (tmp_path / "runs").exists()
+    line = _simulate_tiny_with(tmp_path, '[[agents]]\nname = "gemma-unigram"',
+                               '[[agents]]\nname = "gemma-unigram"\nreward_funcs = [{ name = "site_rewards:missing" }]')
+    assert "agents[1].reward_funcs (gemma-unigram): reward function 'site_rewards:missing'" in line
+    assert "cannot import site_rewards" in line
 
 
 def test_server_with_a_missing_data_file_fails_before_anything_starts(tmp_path, federation):
