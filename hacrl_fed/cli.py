@@ -57,16 +57,17 @@ ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | vllm (n
                "in this environment: README, 'Rollout engines').")
 
 
-def _check_engine(engine: str) -> None:
-    """Exit 2 with one line for an unknown engine, or for vllm where it is not importable."""
+def _check_engine(engine: str, *, runs_here: bool = True) -> None:
+    """Exit 2 with one line for an unknown engine, or — when the worker runs in this environment — for vllm where
+    it is not importable (:func:`hacrl_fed.worker.engines.require_engine`)."""
     if engine not in ("hf", "vllm"):
         fail(f"--engine must be hf or vllm, got {engine!r}")
-    if engine == "vllm":
-        from hacrl_fed.rollout.vllm_engine import VLLMUnavailableError, require_vllm
+    if runs_here:
+        from hacrl_fed.worker.engines import require_engine
 
         try:
-            require_vllm()
-        except VLLMUnavailableError as err:
+            require_engine(engine)
+        except ImportError as err:
             fail(str(err))
 
 
@@ -148,7 +149,7 @@ def worker_cmd(
         if device:
             cfg.agent.model.device = device
         if engine:
-            _check_engine(engine)
+            _check_engine(engine, runs_here=False)
             cfg.agent.model.engine = engine
         _check_engine(cfg.agent.model.engine)
         cfg = parse_config(cfg.model_dump(), ClientConfig, str(config))   # the overrides checked like the file
@@ -209,9 +210,9 @@ def eval_cmd(
 
     from pydantic import ValidationError
 
-    from hacrl_fed.config import ModelConfig, format_validation_error
+    from hacrl_fed.config import VLLM_DEVICES, ModelConfig, format_validation_error
 
-    if engine == "vllm" and device not in ("cuda", "cuda:0"):
+    if engine == "vllm" and device not in VLLM_DEVICES:
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
@@ -299,8 +300,8 @@ def client_cmd(
     from hacrl_fed.launch.client_cmd import fill_site_layout, resolve_client_config, run_client
 
     _cli_logging()
-    if engine == "vllm" and worker_address is None:
-        _check_engine(engine)                      # this site would start its worker in this environment
+    if engine is not None:                         # without --worker-address this site starts its worker here
+        _check_engine(engine, runs_here=worker_address is None)
     try:
         if config is not None:
             data = load_config(config, ClientConfig).model_dump(exclude_unset=True)
@@ -309,8 +310,6 @@ def client_cmd(
         else:
             raise ConfigError("give --config client.toml, or at least --model and --name")
         agent = data.setdefault("agent", {})
-        if engine is not None and engine not in ("hf", "vllm"):
-            raise ConfigError(f"--engine must be hf or vllm, got {engine!r}")
         overrides = {"name": name, "model.name_or_path": model, "model.device": device, "model.engine": engine}
         for key, value in overrides.items():
             if value is not None:

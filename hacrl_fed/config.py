@@ -40,6 +40,7 @@ __all__ = [
     "ServerConfig",
     "SimulateConfig",
     "VerifierConfig",
+    "VLLM_DEVICES",
     "format_validation_error",
     "load_config",
 ]
@@ -111,6 +112,10 @@ class VerifierConfig(Strict):
     """Responses cut at ``max_new_tokens`` (finish reason ``length``): reward 0, or verify as usual."""
 
 
+VLLM_DEVICES = ("cuda", "cuda:0")
+"""The ``model.device`` values the vllm engine takes: vLLM runs on the first visible GPU (no device index)."""
+
+
 class ModelConfig(Strict):
     """The site's private model."""
 
@@ -165,8 +170,9 @@ class ModelConfig(Strict):
     """vLLM: share of the GPU's memory its engine may take (weights, activations, KV cache); the rest stays
     for the training model, its gradients and optimizer state (TRL's colocate default, 0.3)."""
     enable_sleep_mode: bool = False
-    """vLLM: free the engine's GPU memory during each update (``LLM.sleep(level=1)``: KV cache dropped,
-    weights offloaded to CPU RAM) and wake it for the next generation; costs host↔device copies."""
+    """vLLM: free the engine's GPU memory during each update (``LLM.sleep``: KV cache dropped; weights dropped
+    under full fine-tuning, which re-syncs them, offloaded to CPU RAM under LoRA) and wake it for the next
+    generation; costs host↔device copies."""
     tensor_parallel_size: PositiveInt = 1
     """vLLM: GPUs the engine shards the model over (the training model stays on ``device``; the engine runs in
     bf16, or fp16 for an fp16 model, whatever ``dtype`` the training model keeps)."""
@@ -176,7 +182,7 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _vllm_needs_cuda(self) -> ModelConfig:
-        if self.engine == "vllm" and self.device not in ("cuda", "cuda:0"):
+        if self.engine == "vllm" and self.device not in VLLM_DEVICES:
             if self.device.startswith("cuda:"):
                 raise ValueError(f"model.engine = 'vllm' runs on the first visible GPU (vLLM takes no device index): "
                                  f"for GPU {self.device[5:]} set CUDA_VISIBLE_DEVICES={self.device[5:]} and device = 'cuda'")

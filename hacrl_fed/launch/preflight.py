@@ -48,15 +48,15 @@ def check_models(agents: Sequence[AgentConfig], key: str = "agents") -> None:
     """Every agent's ``model.name_or_path`` resolves (:func:`hacrl_fed.worker.models.check_model_name`), and an
     agent with ``model.engine = "vllm"`` finds vllm in this environment (its worker starts here). Raises
     ConfigError naming the agent's key."""
-    import importlib.util
-
+    from hacrl_fed.worker.engines import require_engine
     from hacrl_fed.worker.models import ModelLoadError, check_model_name
 
     for i, agent in enumerate(agents):
-        if agent.model.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ConfigError(f"{key}[{i}].model.engine ({agent.name}): engine 'vllm' needs the vllm package, which "
-                              f"is not installed in this environment; this command starts the worker here (README, "
-                              f"\"vLLM on a GPU site\")")
+        try:
+            require_engine(agent.model.engine)
+        except ImportError as err:
+            raise ConfigError(f"{key}[{i}].model.engine ({agent.name}): {err} (this command starts the worker "
+                              f"here)") from None
         try:
             check_model_name(agent.model.name_or_path, agent.model.gguf_file)
         except ModelLoadError as err:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -46,7 +46,7 @@ from hacrl_fed.algo.logprobs import token_logprobs
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
 __all__ = ["BEHAVIOUR_LOGPROBS", "GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "autocast_context",
-           "checked_request", "eos_token_ids"]
+           "checked_request", "complete_samples", "eos_token_ids"]
 
 FinishReason = Literal["stop", "length"]
 BEHAVIOUR_LOGPROBS = ("auto", "generation", "teacher_forced")
@@ -171,6 +171,30 @@ def checked_request(prompt_token_ids: Sequence[Sequence[int]], n: int,
     return sp, prompts
 
 
+ScoreFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]], float], list[tuple[float, int, tuple[float, ...]]]]
+"""``score(prompts, responses, temperature)``: teacher-forced (Σ, count, per-token log-probs), :meth:`HFRolloutEngine.score`."""
+
+
+def complete_samples(score: ScoreFn, tokenizer, eos_ids: Sequence[int], prompts: Sequence[tuple[int, ...]],
+                     rows: Sequence[tuple[int, int, Sequence[int], FinishReason, Sequence[float] | None]],
+                     temperature: float) -> list[GeneratedSample]:
+    """The :class:`GeneratedSample` of each ``(prompt index, sample index, response ids, finish, per-token
+    behaviour log-probs or None)`` row, in order: rows without log-probs are re-scored in one ``score`` call
+    (teacher-forced, ``temperature``), the shared text is decoded (terminal EOS popped), Σ is taken in float64."""
+    per_token = [None if lps is None else tuple(lps) for *_, lps in rows]
+    todo = [i for i, lps in enumerate(per_token) if lps is None]
+    if todo:
+        scored = score([prompts[rows[i][0]] for i in todo], [rows[i][2] for i in todo], temperature)
+        for i, (_, _, lps) in zip(todo, scored, strict=True):
+            per_token[i] = tuple(lps)
+    out = []
+    for (pi, si, ids, finish, _), lps in zip(rows, per_token):
+        text = clean_response_text(tokenizer, ids, eos_ids=eos_ids)
+        total = float(torch.tensor(lps, dtype=torch.float64).sum()) if lps else 0.0
+        out.append(GeneratedSample(pi, si, prompts[pi], tuple(ids), text, finish, total, len(ids), lps))
+    return out
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS plus the generation config's EOS id(s)."""
     ids: list[int] = []
@@ -262,20 +286,12 @@ class HFRolloutEngine:
                 for start in range(0, len(rows), self.max_batch_sequences):
                     chunk = rows[start:start + self.max_batch_sequences]
                     responses.extend(self._generate_batch([prompts[pi] for pi, _ in chunk], sp))
-                todo = [i for i, (_, _, lp) in enumerate(responses) if lp is None]
-                rescored = self.score([prompts[rows[i][0]] for i in todo], [responses[i][0] for i in todo],
-                                      sp.logprob_temperature) if todo else []
+                return complete_samples(self.score, self.tokenizer, self.eos_ids, prompts,
+                                        [(pi, si, resp, finish, lps)
+                                         for (pi, si), (resp, finish, lps) in zip(rows, responses, strict=True)],
+                                        sp.logprob_temperature)
         finally:
             self.model.train(was_training)
-        per_token = [lp for _, _, lp in responses]
-        for i, (_, _, lps) in zip(todo, rescored):
-            per_token[i] = lps
-        out = []
-        for (pi, si), (resp, finish, _), lps in zip(rows, responses, per_token, strict=True):
-            text = clean_response_text(self.tokenizer, resp, eos_ids=self.eos_ids)
-            total = float(torch.tensor(lps, dtype=torch.float64).sum()) if lps else 0.0
-            out.append(GeneratedSample(pi, si, prompts[pi], resp, text, finish, total, len(resp), tuple(lps)))
-        return out
 
     def _generate_batch(self, prompts: list[tuple[int, ...]],
                         sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]]:
@@ -324,19 +340,25 @@ class HFRolloutEngine:
 
         Rows are right-padded prompt+response batches of at most ``logprob_batch_tokens`` padded
         tokens; log-probs come from :func:`token_logprobs` with ``temperature``, the LM head only over the
-        response positions. Gradients are off; runs under the engine's autocast dtype, if any.
+        response positions. Gradients are off; the model is in eval mode meanwhile (its mode is restored); runs
+        under the engine's autocast dtype, if any.
         """
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         out: list[tuple[float, int, tuple[float, ...]]] = []
-        start = 0
-        while start < len(lengths):
-            end, width = start, 0
-            while end < len(lengths) and (end == start or max(width, lengths[end]) * (end + 1 - start)
-                                          <= self.logprob_batch_tokens):
-                width = max(width, lengths[end])
-                end += 1
-            out.extend(self._score_batch(prompts[start:end], responses[start:end], width, temperature))
-            start = end
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            start = 0
+            while start < len(lengths):
+                end, width = start, 0
+                while end < len(lengths) and (end == start or max(width, lengths[end]) * (end + 1 - start)
+                                              <= self.logprob_batch_tokens):
+                    width = max(width, lengths[end])
+                    end += 1
+                out.extend(self._score_batch(prompts[start:end], responses[start:end], width, temperature))
+                start = end
+        finally:
+            self.model.train(was_training)
         return out
 
     def _score_batch(self, prompts, responses, width: int,

@@ -73,9 +73,9 @@ from typing import Any
 
 import torch
 
-from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, split_generated
+from hacrl_fed.tokenization.retokenize import cut_at_stop_strings, split_generated
 from hacrl_fed.rollout.engine import (FinishReason, GeneratedSample, HFRolloutEngine, Sampling, checked_request,
-                                      eos_token_ids)
+                                      complete_samples, eos_token_ids)
 
 __all__ = ["VLLMRolloutEngine", "VLLMSettings", "VLLMUnavailableError", "WeightSyncError", "build_llm",
            "check_sync_reports", "completion_response", "require_vllm", "sampling_kwargs", "vllm_available"]
@@ -112,7 +112,7 @@ def require_vllm() -> None:
     if not vllm_available():
         raise VLLMUnavailableError(
             f"engine 'vllm' needs the vllm package, which is not installed in this environment ({sys.executable}); "
-            f"install it in the worker's own environment (README, \"vLLM on a GPU site\") or use --engine hf")
+            f"install it in the worker's own environment (README, \"vLLM on a GPU site\") or use the hf engine")
 
 
 @dataclass(frozen=True)
@@ -400,12 +400,11 @@ class VLLMRolloutEngine:
                                       logprob_chunk_tokens=logprob_chunk_tokens, behaviour_logprobs="teacher_forced",
                                       autocast_dtype=autocast_dtype)
         if llm is None:
-            require_vllm()
+            llm = build_llm(model_path, settings)          # raises VLLMUnavailableError without vllm
             from vllm import SamplingParams
             from vllm.lora.request import LoRARequest
 
             sampling_params, lora_request = sampling_params or SamplingParams, lora_request or LoRARequest
-            llm = build_llm(model_path, settings)
         if sampling_params is None or (self.is_lora and lora_request is None):
             raise ValueError("an injected llm needs sampling_params (and lora_request with LoRA)")
         self.llm = llm
@@ -470,20 +469,7 @@ class VLLMRolloutEngine:
                     tokenizer=self.tokenizer, eos_ids=self.eos_ids, stop_strings=self.stop_strings,
                     max_new_tokens=sp.max_new_tokens)
                 rows.append((pi, c.index, ids, finish, lps))
-        todo = [i for i, row in enumerate(rows) if row[4] is None]
-        if todo:
-            scored = self.scorer.score([prompts[rows[i][0]] for i in todo], [rows[i][2] for i in todo],
-                                       sp.logprob_temperature)
-            for i, (_, _, per_token) in zip(todo, scored):
-                pi, si, ids, finish, _ = rows[i]
-                rows[i] = (pi, si, ids, finish, list(per_token))
-        out_samples = []
-        for pi, si, ids, finish, lps in rows:
-            text = clean_response_text(self.tokenizer, ids, eos_ids=self.eos_ids)
-            total = float(torch.tensor(lps, dtype=torch.float64).sum()) if lps else 0.0
-            out_samples.append(GeneratedSample(pi, si, prompts[pi], tuple(ids), text, finish, total, len(ids),
-                                               tuple(lps or ())))
-        return out_samples
+        return complete_samples(self.scorer.score, self.tokenizer, self.eos_ids, prompts, rows, sp.logprob_temperature)
 
     def score(self, prompts, responses, temperature: float = 1.0):
         """Teacher-forced (Σ log-prob, count, per-token) under the training model (:meth:`HFRolloutEngine.score`)."""
@@ -523,23 +509,20 @@ class VLLMRolloutEngine:
         reports = self.llm.collective_rpc(load_weights_on_worker, args=(weights, self.version))
         check_sync_reports(reports, expected, tensor_parallel_size=self.settings.tensor_parallel_size,
                            version=self.version)
-        self._reset_prefix_cache()
-        self._label_version()
-        self.synced = self.version
-        self.sync_count += 1
+        self._synced()
 
-    def _reset_prefix_cache(self) -> None:
-        """Cached KV blocks were computed with the old weights: drop them, or fail (vLLM answers False while
-        requests run, which between two generations of this worker never happens)."""
+    def _synced(self) -> None:
+        """After either sync: drop the KV blocks of the old weights (or fail: vLLM answers False while requests run,
+        which between two generations of this worker never happens), label vLLM's own weight version
+        (``LLM.update_weight_version``, vLLM ≥ 0.28, where it has one), record the version."""
         if self.llm.reset_prefix_cache() is False:
             raise WeightSyncError(f"vLLM could not reset its prefix cache after the sync of version {self.version}: "
                                   f"cached KV blocks of the old weights would be reused")
-
-    def _label_version(self) -> None:
-        """vLLM's own weight-version label (``LLM.update_weight_version``, vLLM ≥ 0.28), where it has one."""
         label = getattr(self.llm, "update_weight_version", None)
         if callable(label):
             label(str(self.version))
+        self.synced = self.version
+        self.sync_count += 1
 
     def _sync_lora(self) -> None:
         """Save the adapter (atomically), load it under id = version, drop the previous one."""
@@ -564,10 +547,7 @@ class VLLMRolloutEngine:
             engine.remove_lora(previous.lora_int_id)
         if previous_dir is not None and previous_dir != final:
             shutil.rmtree(previous_dir, ignore_errors=True)
-        self._reset_prefix_cache()
-        self._label_version()
-        self.synced = self.version
-        self.sync_count += 1
+        self._synced()
 
 
 def _empty_cuda_cache() -> None:

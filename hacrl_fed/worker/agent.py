@@ -189,7 +189,7 @@ class AgentWorker:
             self.engine = build_engine(
                 self.loaded, m, stop_strings=stop_strings(self.tokenizer, m.chat_template, m.stop),
                 max_batch_sequences=max_batch_sequences, logprob_chunk_tokens=cfg.optim.logprob_chunk_tokens,
-                work_dir=root / "vllm", seed=0,
+                work_dir=root / "vllm",
                 max_model_len=m.max_prompt_tokens + max(m.max_response_tokens, self.sampling_defaults.max_new_tokens))
         except BaseException:
             self._dir_lock.release()

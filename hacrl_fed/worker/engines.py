@@ -11,7 +11,16 @@ from pathlib import Path
 
 from hacrl_fed.rollout.engine import HFRolloutEngine, RolloutEngine
 
-__all__ = ["build_engine"]
+__all__ = ["build_engine", "require_engine"]
+
+
+def require_engine(name: str) -> None:
+    """Raises ``VLLMUnavailableError`` (an ``ImportError``, one line) when ``name`` is ``"vllm"`` and vllm cannot
+    be imported in this environment; nothing is imported for ``"hf"``."""
+    if name == "vllm":
+        from hacrl_fed.rollout.vllm_engine import require_vllm
+
+        require_vllm()
 
 
 def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_batch_sequences: int = 32,
@@ -29,9 +38,8 @@ def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_bat
         return HFRolloutEngine(loaded.model, loaded.tokenizer, max_batch_sequences=max_batch_sequences,
                                logprob_chunk_tokens=logprob_chunk_tokens, stop_strings=stop_strings,
                                behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=loaded.autocast_dtype)
-    from hacrl_fed.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings, require_vllm
-
-    require_vllm()                                  # before anything is exported
+    require_engine("vllm")                          # before anything is exported
+    from hacrl_fed.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
     settings = VLLMSettings(gpu_memory_utilization=model_cfg.gpu_memory_utilization,
                             enable_sleep_mode=model_cfg.enable_sleep_mode,
                             tensor_parallel_size=model_cfg.tensor_parallel_size,

@@ -201,16 +201,13 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     import tempfile
 
     from hacrl_fed.data.prompts import stop_strings
-    from hacrl_fed.worker.engines import build_engine
+    from hacrl_fed.worker.engines import build_engine, require_engine
     from hacrl_fed.worker.models import load_model
 
     items = _load_items(data, limit, answer_style)
     if not items:
         raise ValueError(f"{data}: no problems to evaluate")
-    if model_cfg.engine == "vllm":
-        from hacrl_fed.rollout.vllm_engine import require_vllm
-
-        require_vllm()                                   # before the model loads
+    require_engine(model_cfg.engine)                     # before the model loads
     lm = load_model(model_cfg)
     with tempfile.TemporaryDirectory(prefix="hacrl-fed-eval-") as work_dir:
         engine = build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template,
