@@ -12,7 +12,7 @@ words (:func:`hacrl_fed.data.arithmetic.reword`) before and after. Variants::
     lr3e-6      lr 3e-6 (skip0 too)
 
 Resumable: each finished (variant, seed) cell is written to ``<out>/cells/<agent>-<variant>-s<seed>.json``
-and skipped when present; ``<out>/results-<agent>.md`` summarizes them::
+and skipped when present; ``<out>/results-<agent>.md`` summarizes them (``--summary-only`` rebuilds it)::
 
     python benchmarks/ablate_stability.py --out benchmarks/results/stability                       # gemma3
     python benchmarks/ablate_stability.py --agent smollm2 --seeds 1 --variants skip0,lr1e-6,lr3e-6 \
@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--algo", default="gspo")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stability")
+    parser.add_argument("--summary-only", action="store_true", help="rebuild results-<agent>.md from the cells")
     args = parser.parse_args(argv)
+    if args.summary_only:
+        summarize(args.out, args.agent)
+        return 0
 
     from hacrl_fed.config import SimulateConfig, load_config
     from hacrl_fed.data.arithmetic import reword
@@ -107,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(out: Path, agent: str) -> None:
     before = json.loads((out / f"before-{agent}.json").read_text())
     cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob(f"{agent}-*.json"))]
-    lines = ["| variant | seeds | held-out after | words after | rollout acc (last 3 steps) | zero-grad updates | "
-             "s per step |", "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | seeds | held-out after | words after | rollout acc (last 3 steps) | "
+             "updates skipped on a zero gradient / all | s per step |", "|---|---|---|---|---|---|---|"]
     for name in VARIANTS:
         cs = [c for c in cells if c["variant"] == name]
         if not cs:
@@ -124,7 +128,9 @@ def summarize(out: Path, agent: str) -> None:
         zg = sum(s["metrics"].get("zero_grad_updates", 0.0) for c in cs for s in c["per_step"])
         upd = sum(s["metrics"].get("updates", 0.0) for c in cs for s in c["per_step"])
         sps = statistics.fmean(c["train_s"] / c["steps"] for c in cs)
-        lines.append(f"| {name} | {len(cs)} | {ms(ho)} | {ms(wo)} | {ms(last)} | {zg:.0f}/{upd:.0f} | {sps:.0f} |")
+        skipped = f"{zg:.0f}/{upd:.0f}" if VARIANTS[name]["optim"]["skip_zero_grad_updates"] else \
+            f"off (every one of {upd:.0f} stepped)"
+        lines.append(f"| {name} | {len(cs)} | {ms(ho)} | {ms(wo)} | {ms(last)} | {skipped} | {sps:.0f} |")
     text = (f"# Stability ablation ({agent}, isolated)\n\nBefore: held-out {100 * accuracy(before['held_out']):.1f} %, "
             f"words {100 * accuracy(before['words']):.1f} %\n\n" + "\n".join(lines) + "\n")
     (out / f"results-{agent}.md").write_text(text)
