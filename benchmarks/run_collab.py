@@ -47,6 +47,10 @@ LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive
           "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family"}
 PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml"}
 EVAL_SETS = ("held_out", "words")
+COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive")
+PAIRWISE_BASES = ("hacpo", "gspo_x2")
+"""Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
+anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
 
 
 def accuracy(correct: dict[str, bool]) -> float:
@@ -126,6 +130,8 @@ def summarize(out: Path) -> dict:
                          "n": len(xs), "per_seed": xs}
                 if r != "gspo" and "gspo" in by:
                     ag[e]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e)
+                if r in COLLABORATIVE:
+                    ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
             peers = [v for c in by[r] for s in c["per_step"][a] for v in s["peers"].values()]
             ag["peer_grad_frac"] = statistics.fmean(p["grad_frac"] for p in peers if p.get("grad_frac") is not None) \
                 if any(p.get("grad_frac") is not None for p in peers) else None
@@ -161,6 +167,22 @@ def _ci(t) -> str:
     return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
+def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """The collaborative recipes against the paper's HACPO and GSPO×2 (mean [95 % interval], paired)."""
+    rows = [(r, b, rec) for r, rec in summary["recipes"].items() for b in PAIRWISE_BASES
+            if b in rec["agents"][agents[0]]["held_out"].get("vs", {})]
+    if not rows:
+        return []
+    lines = ["## Collaborative recipes against the paper's HACPO and GSPO×2", "",
+             "Difference in points, mean [95 % interval], paired by seed and problem as above.", "",
+             "| recipe − baseline | " + " | ".join(f"{a} {w}" for a in agents for w in ("held-out", "other wording"))
+             + " |", "|---|" + "---|" * (2 * len(agents))]
+    for r, b, rec in rows:
+        lines.append(f"| {LABELS.get(r, r)} − {LABELS.get(b, b)} | " + " | ".join(
+            _ci(rec["agents"][a][e]["vs"][b]) for a in agents for e in EVAL_SETS) + " |")
+    return lines + [""]
+
+
 def render_markdown(summary: dict, agents: list[str]) -> str:
     meta = summary["meta"]
     lines = ["# Collaboration benchmark", "", f"Command: `{meta['command']}`", "",
@@ -182,6 +204,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
                 cells += [_pm(s), _ci(s.get("vs_gspo"))]
             lines.append(f"| {LABELS.get(r, r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _pairwise_markdown(summary, agents)
     lines += ["## Peer rows that reached the gradient", "",
               "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",
               "|---|" + "---|" * len(agents)]

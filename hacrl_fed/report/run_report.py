@@ -18,7 +18,10 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
 * ``cross[j].grad_frac``: fraction of j's rows that reached k's gradient (A ≠ 0 and the ratio term not
   clamped; the cross-family rules can keep rows outside the window). ``pos_adv_rows`` /
   ``pos_adv_grad_rows``: j's rows with A > 0 for k, and those of them with a gradient.
-* ``peer_grad_frac`` (per agent): share of all peer rows over the run that reached the agent's gradient.
+* ``cross[j].received``: j's rows that reached learner k (``screens[j].screen_rows`` where k screens, else
+  ``rows`` + ``dropped_truncated``); ``rows`` are those k trained on, after its screens and truncation.
+* ``peer_grad_frac`` (per agent): share of all peer rows the agent received over the run that reached its
+  gradient; rows its screens or the truncation rule left out count as not reached.
 * ``screens[j]``: what learner k's screens did to j's rows (:mod:`hacrl_fed.algo.screens`): ``screen_rows``
   seen, ``screened_rows`` (cut or left out: ``screened_tail_cut`` / ``screened_tail_reject`` /
   ``screened_length`` / ``screened_likelihood``), ``screened_phrase_cut`` (trained with a phrase recurring
@@ -36,6 +39,7 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -46,11 +50,11 @@ from typing import Any
 
 __all__ = ["build_report", "plot_report", "read_metrics", "render_markdown", "summary_table", "write_report"]
 
-_SCREEN_KEYS = ("screen_rows", "screened_rows", "screened_tail_cut", "screened_tail_reject", "screened_length",
+_SCREEN_KEYS = ("screen_rows", "screened_rows", "screened_out", "screened_tail_cut", "screened_tail_reject", "screened_length",
                 "screened_likelihood", "screened_phrase_cut", "quarantined_rows", "coordinator_disagreements", "claim_disagreements",
                 "standing", "ll_per_byte")
 _CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean", "grad_frac",
-               "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")
+               "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated", "screen_rows")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -78,7 +82,7 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
         agents[name] = {
             "status": a.get("status"), "accuracy": a.get("accuracy"), "capability": a.get("capability"),
             "ratios": {j: m.get("capability_ratio") for j, m in sorted(per_source.items()) if j != name},
-            "cross": {j: {k: m.get(k) for k in _CROSS_KEYS} for j, m in sorted(per_source.items()) if j != name},
+            "cross": {j: _cross_entry(m) for j, m in sorted(per_source.items()) if j != name},
             "screens": {j: {k: m[k] for k in _SCREEN_KEYS if k in m} for j, m in sorted(per_source.items())
                         if j != name and "screen_rows" in m},
             "refused": list(a.get("train_rejected") or []),
@@ -92,6 +96,19 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
         }
     return {"step": rec["step"], "trained": rec.get("trained"), "interrupted": bool(rec.get("interrupted")),
             "timing": rec.get("timing", {}), "agents": agents}
+
+
+def _cross_entry(m: Mapping[str, Any]) -> dict[str, Any]:
+    """One source's cross statistics for one learner and step, with ``received`` (see the glossary)."""
+    c = {k: m.get(k) for k in _CROSS_KEYS}
+    received = c["screen_rows"] if c["screen_rows"] is not None else (c["rows"] or 0.0) + (c["dropped_truncated"] or 0.0)
+    c["received"] = received if received or c["rows"] is not None else None
+    return c
+
+
+def _grad_rows(c: Mapping[str, Any]) -> float:
+    """Rows of one source that reached the learner's gradient in one step (rows × grad_frac)."""
+    return (c.get("rows") or 0.0) * (c.get("grad_frac") or 0.0)
 
 
 def _evals(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -142,14 +159,11 @@ def _agent_summary(name: str, info: Mapping[str, Any], steps: Sequence[Mapping[s
 
 
 def _peer_grad_frac(mine: Sequence[Mapping[str, Any]]) -> float | None:
-    """Rows of every peer over the run that reached this learner's gradient, as a fraction (None: no peer rows)."""
-    rows = got = 0.0
-    for m in mine:
-        for c in m["cross"].values():
-            if c.get("rows") and c.get("grad_frac") is not None:
-                rows += c["rows"]
-                got += c["rows"] * c["grad_frac"]
-    return got / rows if rows else None
+    """Rows the peers sent this learner over the run that reached its gradient, as a fraction of the rows it
+    received (rows left out by its screens or by truncation count as not reached; None: no peer rows)."""
+    received = sum(c.get("received") or 0.0 for m in mine for c in m["cross"].values())
+    got = sum(_grad_rows(c) for m in mine for c in m["cross"].values())
+    return got / received if received else None
 
 
 def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, phases: Mapping[str, float],
@@ -216,7 +230,7 @@ def summary_table(report: Mapping[str, Any]):
                       _f(a["final_capability"], ".3f"), _size(a["wire_bytes_per_step"]),
                       _f(a["weights_per_wire"], ",.0f") + ("×" if a["weights_per_wire"] else ""),
                       _size(a.get("peak_rss_bytes")))
-    table.caption = ("peer grad: share of the peers' rollouts that reached the agent's gradient; "
+    table.caption = ("peer grad: share of the rollouts the peers sent that reached the agent's gradient; "
                      "ratio: weights / wire bytes per step")
     table.caption_justify = "left"
     return table
@@ -250,17 +264,29 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
             *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
+def _grad_share(c: Mapping[str, Any]) -> float | None:
+    """Fraction of one source's received rows that reached the gradient in one step (None: none received)."""
+    return _grad_rows(c) / c["received"] if c.get("received") else None
+
+
+def _count(c: Mapping[str, Any]) -> str:
+    """``got/received`` rows of one source in one step (``-`` when nothing was received)."""
+    if not c.get("received"):
+        return "-"
+    return f"{_grad_rows(c):.0f}/{c['received']:.0f}"
+
+
 def _md_steps(report: Mapping[str, Any]) -> list[str]:
     names = list(report["agents"])
     header = ["step", "step s", *(f"{n} acc / P̂" for n in names), "r(j→k)",
-              "cross s mean (clip low/high, rows with a gradient)"]
+              "cross s mean (clip low/high, rows with a gradient / received)"]
     rows = []
     for s in report["steps"]:
         ratios, cross = [], []
         for k, a in s["agents"].items():
             ratios += [f"{j}→{k} {_f(r, '.2f')}" for j, r in a["ratios"].items()]
             cross += [f"{j}→{k} {_f(c['s_mean'], '.3f')} ({_pct(c['clip_low'])}/{_pct(c['clip_high'])}, "
-                      f"{_pct(c.get('grad_frac'))})" for j, c in a["cross"].items()]
+                      f"{_count(c)})" for j, c in a["cross"].items()]
         accs = [f"{_pct(s['agents'][n]['accuracy'])} / {_f(s['agents'][n]['capability'], '.3f')}"
                 if n in s["agents"] else "-" for n in names]
         rows.append([str(s["step"]), _f(s["timing"].get("step_s"), ".0f"), *accs, ", ".join(ratios) or "-",
@@ -286,13 +312,13 @@ def _md_screens(report: Mapping[str, Any]) -> list[str]:
     rows = [[f"{j}→{k}", _f(t.get("screen_rows"), ".0f"), _f(t.get("screened_tail_cut"), ".0f"),
              _f(t.get("screened_tail_reject"), ".0f"), _f(t.get("screened_length"), ".0f"),
              _f(t.get("screened_likelihood"), ".0f"), _f(t.get("screened_phrase_cut"), ".0f"),
-             _f(t.get("quarantined_rows"), ".0f"),
+             _f(t.get("quarantined_rows"), ".0f"), _f(t.get("screened_out"), ".0f"),
              _f(t.get("coordinator_disagreements"), ".0f"), _f(t.get("claim_disagreements"), ".0f"),
              standing.get(t.get("standing"), "-")] for (k, j), t in sorted(total.items())]
     lines = ["## Screens", "", "What each learner's screens did to each source's rows over the run (metric glossary: "
              "`screens`); every screened row is a line of the worker's log with its reason.", ""]
     lines += _md_table(["source→learner", "rows", "tail cut", "tail rejected", "too long", "likelihood",
-                        "phrase cut", "quarantined rows", "coordinator disagreements", "claim disagreements", "last standing"], rows)
+                        "phrase cut", "quarantined rows", "left out", "coordinator disagreements", "claim disagreements", "last standing"], rows)
     refused = [f"* step {s['step']}, {k}: {line}" for s in report["steps"] for k, a in s["agents"].items()
                for line in a.get("refused") or [] if "quarantined by this site" in line]
     return lines + (refused[:20] + [""] if refused else [])
@@ -328,6 +354,7 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
 
     fig, ax = plt.subplots(2, 3, figsize=(15, 8))
     steps = report["steps"]
+    windows: dict[tuple, list[str]] = {}   # learners sharing one clip window get one band
     for name, summary in report["agents"].items():
         xs = [s["step"] for s in steps if name in s["agents"]]
         mine = [s["agents"][name] for s in steps if name in s["agents"]]
@@ -348,15 +375,17 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
             highs = [m["cross"][j]["s_max"] for _, m in pts]
             if all(v is not None for v in lows + highs):
                 ax[1, 0].fill_between([x for x, _ in pts], lows, highs, color=s_line.get_color(), alpha=0.07)
-            ax[1, 1].plot([x for x, _ in pts], [m["cross"][j].get("grad_frac") for _, m in pts], marker="o",
+            ax[1, 1].plot([x for x, _ in pts], [_grad_share(m["cross"][j]) for _, m in pts], marker="o",
                           label=f"{j}→{name}")
         bounds = [(x, m["cross_lower_bound_first"], m["cross_lower_bound_last"]) for x, m in zip(xs, mine)
                   if m.get("cross_lower_bound_first") is not None]
         if bounds:   # the clip window [l_m, 1] of the step's cross updates
-            ax[1, 0].fill_between([b[0] for b in bounds], [b[1] for b in bounds], 1.0, color="green", alpha=0.3,
-                                  step="mid", label=f"clip window [l_m, 1] ({name})")
+            windows.setdefault(tuple(bounds), []).append(name)
+    for (bounds, names), color in zip(windows.items(), itertools.cycle(("green", "olive", "teal", "purple"))):
+        ax[1, 0].fill_between([b[0] for b in bounds], [b[1] for b in bounds], 1.0, color=color, alpha=0.25,
+                              step="mid", label="clip window [l_m, 1]" + (f" ({', '.join(names)})" if len(windows) > 1 else ""))
     titles = ["accuracy (rollouts; held-out greedy dashed)", "capability P̂", "capability ratio r(j→k)",
-              "cross ratio s (mean, min–max band; log scale)", "peer rows that reached the gradient (fraction)",
+              "cross ratio s (mean, min–max band; log scale)", "peer rows that reached the gradient (fraction of those received)",
               "bytes per step vs weights"]
     for a, title in zip(ax.flat, titles):
         a.set_title(title)

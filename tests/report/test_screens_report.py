@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hacrl_fed.report.run_report import build_report, render_markdown
 
 
@@ -36,3 +38,31 @@ def test_screens_section_sums_the_run_and_lists_quarantines(tmp_path):
 def test_no_screen_metrics_no_section(tmp_path):
     records = [{"event": "step", "step": 1, "agents": {"a": {"per_source": {"b": {"rows": 4}}}}}]
     assert "## Screens" not in render_markdown(build_report(records, run_dir=tmp_path, phases={}, agents={}))
+
+
+def test_rows_a_screen_left_out_count_as_not_reaching_the_gradient(tmp_path):
+    """peer grad = rows with a gradient / rows received: 2 of 8 trained rows had one and 3 of 8 received were
+    left out at step 1 (5 trained), 2 of 8 at step 2 (no screen left any out) → 4 of 16, not 4 of 13."""
+    def step(n: int, trained: int, out: int, grad_frac: float) -> dict:
+        gemma = {"screen_rows": 8, "screened_rows": out, "screened_out": out, "screened_phrase_cut": out,
+                 "rows": trained, "grad_frac": grad_frac, "s_mean": 0.5, "clip_low": 0.5, "clip_high": 0.0}
+        return {"event": "step", "step": n, "timing": {"step_s": 10.0}, "agents": {"smollm2": {
+            "status": "trained", "accuracy": 0.5, "capability": 0.5, "per_source": {"smollm2": {"rows": 8}, "gemma3": gemma}}}}
+
+    records = [step(1, 5, 3, 2 / 5), step(2, 8, 0, 2 / 8), {"event": "run_end", "run_id": "r", "steps": 2}]
+    report = build_report(records, run_dir=tmp_path, phases={}, agents={})
+    assert report["agents"]["smollm2"]["peer_grad_frac"] == pytest.approx(4 / 16)
+    assert report["steps"][0]["agents"]["smollm2"]["cross"]["gemma3"]["received"] == 8
+    md = render_markdown(report)
+    step1 = next(line for line in md.splitlines() if line.startswith("| 1 |"))
+    assert "gemma3→smollm2 0.500 (50.0%/0.0%, 2/8)" in step1
+    screens = next(line for line in md.splitlines() if line.startswith("| gemma3→smollm2"))
+    assert screens.split(" | ")[1] == "16" and screens.split(" | ")[8] == "3"   # rows seen, left out
+
+
+def test_without_screen_metrics_the_trained_and_truncated_rows_are_the_rows_received(tmp_path):
+    b = {"rows": 6, "dropped_truncated": 2, "grad_frac": 0.5, "s_mean": 0.9, "clip_low": 0.0, "clip_high": 0.0}
+    records = [{"event": "step", "step": 1, "agents": {"a": {"per_source": {"b": b}}}}]
+    report = build_report(records, run_dir=tmp_path, phases={}, agents={})
+    assert report["agents"]["a"]["peer_grad_frac"] == pytest.approx(3 / 8)
+    assert "b→a 0.900 (0.0%/0.0%, 3/8)" in render_markdown(report)
