@@ -101,8 +101,12 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
 def _cross_entry(m: Mapping[str, Any]) -> dict[str, Any]:
     """One source's cross statistics for one learner and step, with ``received`` (see the glossary)."""
     c = {k: m.get(k) for k in _CROSS_KEYS}
-    received = c["screen_rows"] if c["screen_rows"] is not None else (c["rows"] or 0.0) + (c["dropped_truncated"] or 0.0)
-    c["received"] = received if received or c["rows"] is not None else None
+    if c["screen_rows"] is not None:           # the screens see every row that reached the learner
+        c["received"] = c["screen_rows"]
+    elif c["rows"] is None and c["dropped_truncated"] is None:
+        c["received"] = None
+    else:                                      # no screens: trained rows + rows cut by truncation
+        c["received"] = (c["rows"] or 0.0) + (c["dropped_truncated"] or 0.0)
     return c
 
 
