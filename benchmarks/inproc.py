@@ -50,6 +50,18 @@ class StepResult:
     generate_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def outcome(verdict: str, reason: str, finish_reason: str) -> str:
+    """One response's outcome: ``correct``, or why not — ``truncated`` (cut at the token limit), ``no_answer``
+    (no stated answer), ``verifier_error``, ``wrong_answer`` (a stated answer that is wrong: content)."""
+    if verdict == "correct":
+        return "correct"
+    if finish_reason == "length":
+        return "truncated"
+    if reason == "no_final_answer":
+        return "no_answer"
+    return "verifier_error" if verdict == "verifier_error" else "wrong_answer"
+
+
 def _report_dict(report: pb.TrainReport) -> dict[str, Any]:
     return {"metrics": dict(report.metrics),
             "per_source": {s.source_agent: dict(s.metrics) for s in report.per_source},
@@ -177,7 +189,7 @@ class Federation:
                 rejected[n] = str(err)
         verdicts = reverify(self.verifier.verify, accepted, plan)
         accuracy = {a: v.accuracy for a, v in verdicts.items()}
-        tracker.update(accuracy)
+        tracker.update(accuracy, {a: v.task_accuracy for a, v in verdicts.items()})
         table = capability_table(tracker, plan, accuracy, [c for v in verdicts.values() for c in v.corrections])
         return accepted, rejected, accuracy, table, [pb.SignedEnvelope.FromString(i.envelope) for i in accepted]
 
@@ -195,6 +207,27 @@ class Federation:
         for n in agents or self.workers:
             resp = self.workers[n].evaluate(req)
             out[n] = {r.prompt_id: r.correct > 0 for r in resp.results}
+        return out
+
+    def evaluate_outcomes(self, problems: Sequence[Any], *, agents: Sequence[str] | None = None
+                          ) -> dict[str, dict[str, str]]:
+        """Greedy, one response per problem, with why it failed: agent → {problem id: ``correct`` | ``truncated``
+        (cut at the token limit) | ``no_answer`` (nothing stated) | ``wrong_answer`` (a stated, wrong answer) |
+        ``verifier_error``}. The same generation and verification as :meth:`evaluate` (the worker's engine and
+        verifier, the run's seed), so ``outcome == "correct"`` agrees with it problem for problem."""
+        from hacrl_fed.rollout.engine import Sampling
+        from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
+
+        run = self.cfg.run
+        items = [EvalItem(p.id, p.problem, p.answer, p.answer_style or "boxed") for p in problems]
+        out = {}
+        for n in agents or self.workers:
+            w, m = self.workers[n], self.workers[n].cfg.model
+            res = evaluate_items(w.engine, w.tokenizer, w.verifier, items, samples=1,
+                                 sampling=Sampling(temperature=0.0, max_new_tokens=run.sampling.max_new_tokens),
+                                 seed=step_seed(run.seed, -1), system_prompt=m.system_prompt, template=m.chat_template,
+                                 max_prompt_tokens=m.max_prompt_tokens, chunk_prompts=w.engine.max_batch_sequences)
+            out[n] = {r.prompt_id: outcome(r.verdicts[0], r.reasons[0], r.finish_reasons[0]) for r in res}
         return out
 
     def close(self) -> None:

@@ -8,11 +8,19 @@ Recipes (all agents of a cell use the same one; equal rollout budget per prompt 
 * ``naive``              — the pooled rollouts, foreign rows used as if they were own;
 * ``hacpo``              — the paper's HACPO (capability-aware advantages, ω, exponential IS, stepwise clip);
 * ``hacpo_cross_family`` — HACPO with the cross ratio per byte of text, verified peer successes below the
-  window kept at the edge weight and rows above it at weight 1 (README "Cross-family collaboration").
+  window kept at the edge weight and rows above it at weight 1 (README "Cross-family collaboration");
+* ``hacpo_cross_family_task`` — the same with ``algo.capability_scope = "task"`` (capability ratios per task).
 
 Pairs (``--pair``): ``cross-family`` = ``examples/default.toml`` (SmolLM2-135M-Instruct + Gemma-3-270M);
 ``same-family`` = ``examples/same_family.toml`` (SmolLM2-135M-Instruct + a SmolLM2 checkpoint trained a few
-steps further, the paper's heterogeneous-state setting; make the checkpoint first, see that file).
+steps further, the paper's heterogeneous-state setting; make the checkpoint first, see that file);
+``tasks`` = ``examples/tasks.toml`` (the cross-family pair on the reasoning-gym task suite).
+
+On a task suite the evaluation sets are the held-out items of the trained tasks (``held_out``) and the held-out
+task families (``families``); every problem's outcome is kept (``correct``, ``truncated``, ``no_answer``,
+``wrong_answer``), so a gain is classified as format (before: truncated or no answer) or content (before: a
+stated wrong answer), and results are given per task. The noise section states, from the isolated-GSPO cells,
+the seed and evaluation standard deviations and the minimum detectable effect of a paired comparison.
 
 Each (recipe, seed) cell runs in one process through :mod:`inproc` (the production worker and coordinator
 code without the Flower transport; models loaded once, reset to their initial weights per cell). Evaluation:
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -42,20 +51,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-RECIPES = ("gspo", "hacpo_cross_family", "hacpo", "naive", "gspo_x2")
+RECIPES = ("gspo", "hacpo_cross_family", "hacpo", "naive", "gspo_x2", "hacpo_cross_family_task")
 LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive": "naive sharing",
-          "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family"}
-PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml"}
+          "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family",
+          "hacpo_cross_family_task": "HACPO cross-family, capability per task"}
+ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"}}
+"""Recipes that are a preset with options; every other recipe is the preset of its name."""
+PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml",
+         "tasks": "tasks.toml", "tiny-tasks": "tiny_tasks.toml"}
 EVAL_SETS = ("held_out", "words")
-COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive")
+SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
+              "words": ("Other wording", "other wording", "other wording"),
+              "families": ("Held-out task families (never trained)", "families", "held-out task families")}
+COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_task")
 PAIRWISE_BASES = ("hacpo", "gspo_x2")
 """Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
 anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
 
 
-def accuracy(correct: dict[str, bool]) -> float:
-    """Share of problems answered correctly in a ``{problem id: correct}`` map (nan when empty)."""
-    return sum(correct.values()) / len(correct) if correct else float("nan")
+def is_correct(value) -> bool:
+    """A per-problem entry of a cell: ``True``/``False`` (arithmetic cells) or an outcome string (task cells)."""
+    return value is True or value == "correct"
+
+
+def accuracy(correct: dict, only: set[str] | None = None) -> float:
+    """Share of problems answered correctly in a ``{problem id: correct or outcome}`` map, over ``only`` when
+    given (nan when empty)."""
+    vals = [is_correct(v) for p, v in correct.items() if only is None or p in only]
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def _step_summary(agent: str, step) -> dict:
@@ -71,13 +94,14 @@ def _step_summary(agent: str, step) -> dict:
             "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers}
 
 
-def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict) -> dict:
+def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=None) -> dict:
     """One (recipe, seed) cell from the initial weights; returns its record."""
-    fed.reset(algo={"name": recipe, "kl_coef": 0.0}, optim={"seed": seed})
+    evaluate = evaluate or fed.evaluate
+    fed.reset(algo={"name": recipe, **ALGO.get(recipe, {}), "kl_coef": 0.0}, optim={"seed": seed})
     t0 = time.perf_counter()
     results = fed.run(run_id=f"collab-s{seed}", steps=steps, seed=seed)
     t1 = time.perf_counter()
-    after = {name: fed.evaluate(problems) for name, problems in eval_sets.items()}
+    after = {name: evaluate(problems) for name, problems in eval_sets.items()}
     t2 = time.perf_counter()
     agents = sorted(fed.workers)
     return {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
@@ -86,8 +110,9 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict) -> dict:
 
 
 def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str, *,
-                    reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean and 95 % bootstrap interval of accuracy(a) − accuracy(b), paired by seed and problem.
+                    reps: int = 2000, seed: int = 0, only: set[str] | None = None) -> tuple[float, float, float]:
+    """Mean and 95 % bootstrap interval of accuracy(a) − accuracy(b), paired by seed and problem (over the
+    problems in ``only`` when given).
 
     Seeds present in both and problems present in both are paired; the bootstrap resamples seeds, then
     problems (two-level), so both the training randomness and the problem sample count. Returns
@@ -98,8 +123,11 @@ def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_s
     seeds = sorted(set(by_a) & set(by_b))
     if not seeds:
         return float("nan"), float("nan"), float("nan")
-    problems = sorted(set.intersection(*(set(by_a[s]) & set(by_b[s]) for s in seeds)))
-    diff = {s: [float(by_a[s][p]) - float(by_b[s][p]) for p in problems] for s in seeds}
+    problems = sorted(set.intersection(*(set(by_a[s]) & set(by_b[s]) for s in seeds)) & (only or set.union(
+        *(set(by_a[s]) for s in seeds))))
+    if not problems:
+        return float("nan"), float("nan"), float("nan")
+    diff = {s: [float(is_correct(by_a[s][p])) - float(is_correct(by_b[s][p])) for p in problems] for s in seeds}
     mean = statistics.fmean(x for s in seeds for x in diff[s])
     rng = random.Random(seed)
     boots = []
@@ -111,20 +139,68 @@ def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_s
     return mean, boots[int(0.025 * reps)], boots[int(0.975 * reps) - 1]
 
 
+def eval_sets_of(meta: dict) -> tuple[str, ...]:
+    """The evaluation sets of a benchmark directory (older ones: held-out + other wording)."""
+    return tuple(meta.get("eval_sets") or EVAL_SETS)
+
+
+def noise(cells: list[dict], agent: str, eval_set: str) -> dict:
+    """Noise of one recipe's accuracy for one agent (``cells``: its seeds): the between-seed standard deviation,
+    the evaluation (binomial) standard deviation of one cell with n problems, and the minimum detectable effect
+    (80 % power, two-sided 5 %) of a difference between two recipes with as many seeds, paired by seed and
+    problem: MDE = (z_0.975 + z_0.8) · √2 · sd_seed / √S, sd_seed taken as at least the binomial sd (a seed's
+    accuracy holds its evaluation noise)."""
+    xs = [accuracy(c["after"][agent][eval_set]) for c in cells]
+    n = len(cells[0]["after"][agent][eval_set]) if cells else 0
+    if len(xs) < 2 or not n:
+        return {"seeds": len(xs), "problems": n, "sd_seed": None, "sd_eval": None, "mde": None}
+    p = statistics.fmean(xs)
+    sd_eval = math.sqrt(max(p * (1 - p), 1e-12) / n)
+    sd_seed = max(statistics.stdev(xs), sd_eval)
+    return {"seeds": len(xs), "problems": n, "sd_seed": sd_seed, "sd_eval": sd_eval,
+            "mde": (1.96 + 0.8416) * math.sqrt(2) * sd_seed / math.sqrt(len(xs))}
+
+
+def gain_kinds(before: dict, after: dict) -> dict:
+    """Problems wrong before and right after, by what was wrong before: ``format`` (truncated or no stated
+    answer) or ``content`` (a stated wrong answer, or a verifier error); and problems right before, wrong after,
+    by what went wrong after. Needs outcome strings (task cells); ``{}`` for arithmetic cells (booleans)."""
+    if not all(isinstance(v, str) for v in [*before.values(), *after.values()]):
+        return {}
+    out = {"format_fixed": 0, "content_fixed": 0, "format_broken": 0, "content_broken": 0}
+    for pid, b in before.items():
+        a = after.get(pid)
+        if a is None or is_correct(a) == is_correct(b):
+            continue
+        kind = "format" if (a if is_correct(b) else b) in ("truncated", "no_answer") else "content"
+        out[f"{kind}_{'fixed' if is_correct(a) else 'broken'}"] += 1
+    return out
+
+
 def summarize(out: Path) -> dict:
     before = json.loads((out / "before.json").read_text())
     cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
     meta = json.loads((out / "meta.json").read_text())
+    sets = eval_sets_of(meta)
+    tasks_of: dict[str, str] = meta.get("tasks") or {}
+    task_names = sorted(set(tasks_of.values()))
     agents = sorted(before["agents"])
     recipes = [r for r in RECIPES if any(c["recipe"] == r for c in cells)]
     by = {r: sorted((c for c in cells if c["recipe"] == r), key=lambda c: c["seed"]) for r in recipes}
-    summary: dict = {"meta": meta, "before": {a: {e: accuracy(before["agents"][a][e]) for e in EVAL_SETS} for a in agents},
+    summary: dict = {"meta": meta, "before": {a: {e: accuracy(before["agents"][a][e]) for e in sets} for a in agents},
                      "recipes": {}}
+    if task_names:
+        summary["before_tasks"] = {a: {t: accuracy({**before["agents"][a].get("held_out", {}),
+                                                     **before["agents"][a].get("families", {})},
+                                                    {p for p, x in tasks_of.items() if x == t}) for t in task_names}
+                                   for a in agents}
+    if "gspo" in by:
+        summary["noise"] = {a: {e: noise(by["gspo"], a, e) for e in sets} for a in agents}
     for r in recipes:
         rec: dict = {"seeds": [c["seed"] for c in by[r]], "agents": {}}
         for a in agents:
             ag: dict = {}
-            for e in EVAL_SETS:
+            for e in sets:
                 xs = [accuracy(c["after"][a][e]) for c in by[r]]
                 ag[e] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
                          "n": len(xs), "per_seed": xs}
@@ -132,6 +208,20 @@ def summarize(out: Path) -> dict:
                     ag[e]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e)
                 if r in COLLABORATIVE:
                     ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
+                kinds = [gain_kinds(before["agents"][a][e], c["after"][a][e]) for c in by[r]]
+                if all(kinds):
+                    ag[e]["gains"] = {k: statistics.fmean(x[k] for x in kinds) for k in kinds[0]}
+            if task_names:
+                ag["tasks"] = {}
+                for t in task_names:
+                    only = {p for p, x in tasks_of.items() if x == t}
+                    e = next(e for e in sets if only & set(by[r][0]["after"][a][e]))
+                    xs = [accuracy(c["after"][a][e], only) for c in by[r]]
+                    ag["tasks"][t] = {"set": e, "mean": statistics.fmean(xs), "per_seed": xs,
+                                      "vs_gspo": paired_interval(by[r], by["gspo"], a, e, only=only)
+                                      if r != "gspo" and "gspo" in by else None,
+                                      "vs_gspo_x2": paired_interval(by[r], by["gspo_x2"], a, e, only=only)
+                                      if r not in ("gspo_x2",) and "gspo_x2" in by else None}
             peers = [v for c in by[r] for s in c["per_step"][a] for v in s["peers"].values()]
             ag["peer_grad_frac"] = statistics.fmean(p["grad_frac"] for p in peers if p.get("grad_frac") is not None) \
                 if any(p.get("grad_frac") is not None for p in peers) else None
@@ -169,29 +259,138 @@ def _ci(t) -> str:
 
 def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
     """The collaborative recipes against the paper's HACPO and GSPO×2 (mean [95 % interval], paired)."""
+    sets = eval_sets_of(summary["meta"])
     rows = [(r, b, rec) for r, rec in summary["recipes"].items() for b in PAIRWISE_BASES
-            if b in rec["agents"][agents[0]]["held_out"].get("vs", {})]
+            if b in rec["agents"][agents[0]][sets[0]].get("vs", {})]
     if not rows:
         return []
     lines = ["## Collaborative recipes against the paper's HACPO and GSPO×2", "",
              "Difference in points, mean [95 % interval], paired by seed and problem as above.", "",
-             "| recipe − baseline | " + " | ".join(f"{a} {w}" for a in agents for w in ("held-out", "other wording"))
-             + " |", "|---|" + "---|" * (2 * len(agents))]
+             "| recipe − baseline | " + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets)
+             + " |", "|---|" + "---|" * (len(sets) * len(agents))]
     for r, b, rec in rows:
         lines.append(f"| {LABELS.get(r, r)} − {LABELS.get(b, b)} | " + " | ".join(
-            _ci(rec["agents"][a][e]["vs"][b]) for a in agents for e in EVAL_SETS) + " |")
+            _ci(rec["agents"][a][e]["vs"][b]) for a in agents for e in sets) + " |")
     return lines + [""]
+
+
+def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:
+    if "noise" not in summary:
+        return []
+    sets = eval_sets_of(summary["meta"])
+    lines = ["## Noise and minimum detectable effect (isolated GSPO)", "",
+             "Between-seed sd of a cell's accuracy, the evaluation (binomial) sd of one cell, and the smallest "
+             "difference between two recipes this design detects with 80 % power at two-sided 5 % "
+             "(paired by seed and problem; `noise()` in this script), points.", "",
+             "| agent | set | seeds | problems | sd seed | sd evaluation | minimum detectable effect |",
+             "|---|---|---|---|---|---|---|"]
+    for a in agents:
+        for e in sets:
+            n = summary["noise"][a][e]
+            f = (lambda x: "–" if x is None else f"{100 * x:.1f}")
+            lines.append(f"| {a} | {SET_TITLES[e][1]} | {n['seeds']} | {n['problems']} | {f(n['sd_seed'])} | "
+                         f"{f(n['sd_eval'])} | {f(n['mde'])} |")
+    return lines + [""]
+
+
+def mechanism(summary: dict, agents: list[str]) -> dict:
+    """Per collaborative recipe and agent: the tasks where the peer's accuracy before training is higher, the
+    mean Δ vs GSPO there, and the same for the other tasks (the paper's claim: a learner gains from a peer where
+    the peer is more capable). A plain mean over tasks; ``{}`` without per-task results or GSPO cells."""
+    if "before_tasks" not in summary or "gspo" not in summary["recipes"] or len(agents) != 2:
+        return {}
+    out = {}
+    for r, rec in summary["recipes"].items():
+        if r not in COLLABORATIVE:
+            continue
+        for a in agents:
+            peer = next(b for b in agents if b != a)
+            tasks = rec["agents"][a]["tasks"]
+            stronger = [t for t in tasks if summary["before_tasks"][peer][t] > summary["before_tasks"][a][t]]
+            other = [t for t in tasks if t not in stronger]
+
+            def mean_delta(ts):
+                ds = [tasks[t]["vs_gspo"][0] for t in ts if tasks[t].get("vs_gspo")]
+                return statistics.fmean(ds) if ds else None
+
+            out[(r, a)] = {"stronger": stronger, "other": other, "stronger_delta": mean_delta(stronger),
+                           "other_delta": mean_delta(other)}
+    return out
+
+
+def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
+    if "before_tasks" not in summary:
+        return []
+    tasks = sorted(summary["before_tasks"][agents[0]])
+    lines = ["## Per task", "",
+             "Greedy accuracy after training, %, mean over seeds (before training in the first row); Δ vs GSPO "
+             "paired by seed and problem. Task families only evaluated are marked *(held out)*. A peer is "
+             "*stronger* on a task when its accuracy before training is higher: the paper's mechanism predicts the "
+             "largest gain over isolated training there.", "",
+             "| recipe | " + " | ".join(f"{a}: {t}" + (" *(held out)*" if summary["recipes"][next(iter(
+                 summary["recipes"]))]["agents"][a]["tasks"][t]["set"] == "families" else "")
+                                       for a in agents for t in tasks) + " |",
+             "|---|" + "---|" * (len(agents) * len(tasks))]
+    peer = {a: next((b for b in agents if b != a), None) for a in agents}
+    lines.append("| before training (peer stronger?) | " + " | ".join(
+        f"{100 * summary['before_tasks'][a][t]:.1f}"
+        + ("" if peer[a] is None else (" (yes)" if summary["before_tasks"][peer[a]][t] > summary["before_tasks"][a][t]
+                                       else " (no)"))
+        for a in agents for t in tasks) + " |")
+    for r, rec in summary["recipes"].items():
+        cells = []
+        for a in agents:
+            for t in tasks:
+                x = rec["agents"][a]["tasks"][t]
+                cells.append(f"{100 * x['mean']:.1f}" + (f" {_ci(x['vs_gspo'])}" if x.get("vs_gspo") else ""))
+        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(cells) + " |")
+    lines += [""]
+    mech = mechanism(summary, agents)
+    if mech:
+        lines += ["## Does an agent gain most where its peer is stronger?", "",
+                  "Mean over the tasks of Δ vs GSPO (points; each task's Δ paired by seed and problem) on the tasks where the peer started "
+                  "stronger, and on the others.", "",
+                  "| recipe | agent | peer stronger: tasks | Δ vs GSPO | peer not stronger: tasks | Δ vs GSPO |",
+                  "|---|---|---|---|---|---|"]
+        for (r, a), m in mech.items():
+            f = (lambda x: "–" if x is None else f"{100 * x:+.1f}")
+            lines.append(f"| {LABELS.get(r, r)} | {a} | {', '.join(m['stronger']) or '–'} | {f(m['stronger_delta'])} | "
+                         f"{', '.join(m['other']) or '–'} | {f(m['other_delta'])} |")
+        lines += [""]
+    rows = [(r, rec) for r, rec in summary["recipes"].items()
+            if any("gains" in rec["agents"][a][e] for a in agents for e in eval_sets_of(summary["meta"]))]
+    if rows:
+        lines += ["## Format or content", "",
+                  "Problems per cell (mean over seeds) that turned right, by what was wrong before training "
+                  "(format: cut at the token limit or no stated answer; content: a stated wrong answer), and that "
+                  "turned wrong, by what was wrong after.", "",
+                  "| recipe | agent | set | format fixed | content fixed | format broken | content broken |",
+                  "|---|---|---|---|---|---|---|"]
+        for r, rec in rows:
+            for a in agents:
+                for e in eval_sets_of(summary["meta"]):
+                    g = rec["agents"][a][e].get("gains")
+                    if g:
+                        lines.append(f"| {LABELS.get(r, r)} | {a} | {SET_TITLES[e][1]} | {g['format_fixed']:.1f} | "
+                                     f"{g['content_fixed']:.1f} | {g['format_broken']:.1f} | {g['content_broken']:.1f} |")
+        lines += [""]
+    return lines
 
 
 def render_markdown(summary: dict, agents: list[str]) -> str:
     meta = summary["meta"]
+    sets = eval_sets_of(meta)
+    held = (f"held-out: {meta['eval_size']} problems of the training distribution and the same problems in other "
+            "words" if "words" in sets else
+            f"held-out: {meta['eval_size']} items of every trained task, and as many of every held-out task family")
     lines = ["# Collaboration benchmark", "", f"Command: `{meta['command']}`", "",
              f"Pair: {meta['pair']} ({', '.join(f'{a} = {m}' for a, m in meta['models'].items())}); "
              f"{meta['steps']} steps of B = {meta['prompts_per_step']} prompts × G = {meta['samples_per_prompt']}; "
-             f"held-out: {meta['eval_size']} problems of the training distribution and the same problems in other "
-             "words; greedy avg@1, %, mean ± std over seeds; Δ vs GSPO: mean [95 % interval], paired by seed and "
+             f"{held}; greedy avg@1, %, mean ± std over seeds; Δ vs GSPO: mean [95 % interval], paired by seed and "
              "problem (two-level bootstrap).", ""]
-    for e, title in (("held_out", "Held-out split (training wording)"), ("words", "Other wording")):
+    lines += _noise_markdown(summary, agents)
+    for e in sets:
+        title = SET_TITLES[e][0]
         lines += [f"## {title}", "",
                   "| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
                   "|---|---|" + "---|---|" * len(agents)]
@@ -205,6 +404,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
             lines.append(f"| {LABELS.get(r, r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += _pairwise_markdown(summary, agents)
+    lines += _tasks_markdown(summary, agents)
     lines += ["## Peer rows that reached the gradient", "",
               "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",
               "|---|" + "---|" * len(agents)]
@@ -231,9 +431,12 @@ def plot(summary: dict, agents: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     recipes = list(summary["recipes"])
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(recipes), 4), sharey=True)
+    sets = eval_sets_of(summary["meta"])
+    fig, axes = plt.subplots(1, len(sets), figsize=(4 + 2.2 * len(recipes), 4), sharey=True, squeeze=False)
+    axes = axes[0]
     width = 0.8 / max(1, len(agents))
-    for ax, (e, title) in zip(axes, (("held_out", "held-out (training wording)"), ("words", "other wording"))):
+    for ax, e in zip(axes, sets):
+        title = SET_TITLES[e][2]
         for i, a in enumerate(agents):
             xs = [k + i * width for k in range(len(recipes))]
             st = [summary["recipes"][r]["agents"][a][e] for r in recipes]
@@ -255,10 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="cross-family")
     parser.add_argument("--tiny", action="store_true", help="same as --pair tiny: a plumbing check, not a result")
     parser.add_argument("--config", type=Path, help="base simulate config (overrides --pair)")
-    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--recipes", default="",
+                        help="comma-separated (default: all; without the per-task recipe on single-task pairs)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--eval-size", type=int, default=None,
+                        help="held-out problems (per task on a task suite); default 64, or the config's on a task suite")
+    parser.add_argument("--prompts-per-step", type=int, default=None, help="B (default: the config's)")
+    parser.add_argument("--samples-per-prompt", type=int, default=None, help="G (default: the config's)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args(argv)
@@ -274,8 +481,15 @@ def main(argv: list[str] | None = None) -> int:
 
     pair = "tiny" if args.tiny else args.pair
     cfg = load_config(args.config or ROOT / "examples" / PAIRS[pair], SimulateConfig)
-    cfg.run.data.eval_size = args.eval_size
-    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    suite = cfg.run.data.source == "reasoning_gym"
+    if args.eval_size is not None or not suite:
+        cfg.run.data.eval_size = 64 if args.eval_size is None else args.eval_size
+    if args.prompts_per_step:
+        cfg.run.prompts_per_step = args.prompts_per_step
+    if args.samples_per_prompt:
+        cfg.run.samples_per_prompt = args.samples_per_prompt
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()] or [
+        r for r in RECIPES if suite or r not in ALGO]
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         parser.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
@@ -283,20 +497,30 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/run_collab.py " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"command": command, "pair": pair, "steps": args.steps, "seeds": args.seeds,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
-            "eval_size": args.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
+            "eval_size": cfg.run.data.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
             "config": str(args.config or Path("examples") / PAIRS[pair])}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
     fed = Federation(cfg)
     try:
-        eval_sets = {"held_out": list(fed.held_out)}
-        try:
-            eval_sets["words"] = [reword(p) for p in fed.held_out]
-        except ValueError:
-            pass
+        evaluate = fed.evaluate
+        if suite:   # held-out items of the trained tasks, and the held-out task families; outcomes per problem
+            trained = {t.label for t in cfg.run.data.tasks}
+            eval_sets = {"held_out": [p for p in fed.held_out if p.source in trained],
+                         "families": [p for p in fed.held_out if p.source not in trained]}
+            eval_sets = {k: v for k, v in eval_sets.items() if v}
+            evaluate = fed.evaluate_outcomes
+            meta["tasks"] = {p.id: p.source for p in fed.held_out}
+        else:
+            eval_sets = {"held_out": list(fed.held_out)}
+            try:
+                eval_sets["words"] = [reword(p) for p in fed.held_out]
+            except ValueError:
+                pass
+        meta["eval_sets"] = list(eval_sets)
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
         before_path = out / "before.json"
         if not before_path.exists():
             t = time.perf_counter()
-            res = {name: fed.evaluate(problems) for name, problems in eval_sets.items()}
+            res = {name: evaluate(problems) for name, problems in eval_sets.items()}
             before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.workers},
                       "eval_s": time.perf_counter() - t, "load_s": fed.load_s}
             before_path.write_text(json.dumps(before, indent=1))
@@ -306,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cell.exists():
                     print(f"[{recipe} s{seed}] done already", flush=True)
                     continue
-                rec = run_cell(fed, recipe, seed, args.steps, eval_sets)
+                rec = run_cell(fed, recipe, seed, args.steps, eval_sets, evaluate)
                 cell.write_text(json.dumps(rec, indent=1))
                 accs = ", ".join(f"{a} {100 * accuracy(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
                 print(f"[{recipe} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)

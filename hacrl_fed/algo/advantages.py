@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from hacrl_fed.algo.capability import RatioKey, row_ratio
 from hacrl_fed.algo.registry import ADVANTAGE_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -190,10 +191,11 @@ def joint_group_advantages(inputs: AdvantageInputs, cfg: AlgoConfig) -> Tensor:
                             baseline_guard=cfg.baseline_guard, scaling=cfg.reward_scaling)
 
 
-def advantage_inputs(rows: Sequence[Any], ratios: Mapping[str, float], *, learner: str,
+def advantage_inputs(rows: Sequence[Any], ratios: Mapping[RatioKey, float], *, learner: str,
                      share_rollouts: bool = True) -> AdvantageInputs:
     """Build :class:`AdvantageInputs` from training rows (``TrainingRow``-like: ``prompt_id``,
-    ``source_agent``, ``is_own``, ``reward``).
+    ``source_agent``, ``is_own``, ``reward``). ``ratios``: r_{j→k} per source j, or per (j, prompt id) where the
+    capability is per task (:func:`hacrl_fed.algo.capability.row_ratio`).
 
     Raises:
         ValueError: ``is_own`` disagrees with ``source_agent == learner``; foreign rows while
@@ -210,7 +212,7 @@ def advantage_inputs(rows: Sequence[Any], ratios: Mapping[str, float], *, learne
         if not own and not share_rollouts:
             raise ValueError(f"foreign row from {row.source_agent!r} given to an isolated learner "
                              "(algo.share_rollouts = false); pass only own rows")
-        r = 1.0 if own else ratios.get(row.source_agent, math.nan)
+        r = 1.0 if own else row_ratio(ratios, row.source_agent, row.prompt_id)
         if not (math.isfinite(r) and r > 0):
             raise ValueError(f"no valid capability ratio r_{{{row.source_agent}→{learner}}} (got {r}); "
                              f"ratios given for {sorted(ratios)}")
@@ -224,7 +226,7 @@ def advantage_inputs(rows: Sequence[Any], ratios: Mapping[str, float], *, learne
     )
 
 
-def row_advantages(rows: Sequence[Any], ratios: Mapping[str, float], cfg: AlgoConfig, *,
+def row_advantages(rows: Sequence[Any], ratios: Mapping[RatioKey, float], cfg: AlgoConfig, *,
                    learner: str) -> list[float]:
     """Advantages for learner ``learner`` of every row (grouped by ``prompt_id``), with the
     estimator ``cfg.advantage_estimator`` selects. Same order as ``rows``; see :func:`advantage_inputs`."""

@@ -111,6 +111,13 @@ class AlgoConfig(BaseModel):
     rewrite does), or only updates holding cross rows (default; README "HACPO in hacrl-fed")."""
     ratio_clip: tuple[float, float] = (0.1, 10.0)
     """Bounds of the capability ratio r_{j→k}."""
+    capability_scope: Literal["global", "task"] = "global"
+    """Which capability P̂ the ratio r_{j→k} of a row uses. ``global`` (paper, Eqs. 8–9): each agent's mean reward
+    over its last K steps. ``task`` (extension, :mod:`hacrl_fed.algo.capability`): for a prompt of task t,
+    r_{j→k}(t) = clip(P̂_j(t) / P̂_k(t), 0.1, 10) with P̂(t) the window mean of the agent's per-step mean rewards
+    on task t's prompts (the coordinator's ``CapabilityTable.task_capability``), in the baseline weight
+    ω^(k,j) = 1 / r (Eq. 7) and the gradient weight (Eq. 10) alike; the global ratio where either agent has no
+    value for t yet, or the data source has no tasks."""
     baseline_guard: Annotated[float, Field(allow_inf_nan=False)] | None = 1.0
     """If the weighted baseline μ̂ exceeds this, μ̂ := mean of the learner's own rewards in the
     group (both reference codes; meant for rewards in [0, 1]). None disables the guard."""

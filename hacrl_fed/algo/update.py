@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from hacrl_fed.algo.capability import RatioKey, row_ratio
 from hacrl_fed.algo.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
 from hacrl_fed.algo.schedule import scheduled_lr
@@ -131,7 +132,7 @@ def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[in
     return out
 
 
-def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: Mapping[str, float],
+def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: Mapping[RatioKey, float],
               algo: AlgoConfig, learner: str) -> None:
     if len(rows) != len(advantages):
         raise ValueError(f"{len(rows)} rows but {len(advantages)} advantages")
@@ -141,8 +142,7 @@ def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: 
             raise ValueError(f"{where}: is_own={row.is_own} disagrees with learner {learner!r}")
         if not row.is_own and not algo.share_rollouts:
             raise ValueError(f"{where}: foreign row given to an isolated learner (algo.share_rollouts = false)")
-        if not row.is_own and not (math.isfinite(ratios.get(row.source_agent, math.nan))
-                                   and ratios[row.source_agent] > 0):
+        if not row.is_own and not (math.isfinite(r := row_ratio(ratios, row.source_agent, row.prompt_id)) and r > 0):
             raise ValueError(f"{where}: no valid capability ratio for source (ratios for {sorted(ratios)})")
         if not row.prompt_ids or not row.response_ids:
             raise ValueError(f"{where}: empty prompt or response")
@@ -385,7 +385,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
 
 
 def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Sequence[TrainingRow],
-                 advantages: Sequence[float], ratios: Mapping[str, float], algo: AlgoConfig,
+                 advantages: Sequence[float], ratios: Mapping[RatioKey, float], algo: AlgoConfig,
                  optim: OptimConfig, *, learner: str, ref_model: nn.Module | None = None,
                  temperature: float = 1.0, pad_id: int | None = None,
                  source_rotation: int = 0, step: int | None = None, max_response_tokens: int | None = None,
@@ -400,7 +400,8 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         optimizer: from :func:`make_optimizer` (its parameters are the ones clipped and stepped).
         rows: ``TrainingRow`` s in the learner tokenization (own and foreign, any order).
         advantages: one A per row, same order (e.g. :func:`hacrl_fed.algo.advantages.row_advantages`).
-        ratios: r_{j→learner} per foreign source j (own rows use 1).
+        ratios: r_{j→learner} per foreign source j, or per (j, prompt id) with the capability per task
+            (:func:`hacrl_fed.algo.capability.row_ratio`); own rows use 1.
         algo, optim: algorithm and optimizer settings (``optim.epochs`` passes over the rows).
         learner: the learner's agent id (rows with this ``source_agent`` are own rows).
         ref_model: frozen reference for the KL on own rows; required when ``algo.kl_coef > 0``.
@@ -451,7 +452,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
     order = order_rows(rows, learner, source_rotation)
     rows = [rows[i] for i in order]
     adv = [float(advantages[i]) for i in order]
-    ratio = [1.0 if r.is_own else float(ratios[r.source_agent]) for r in rows]
+    ratio = [1.0 if r.is_own else float(row_ratio(ratios, r.source_agent, r.prompt_id)) for r in rows]
     if autocast_dtype not in (None, torch.bfloat16, torch.float16):
         raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +50,19 @@ VerifyFn = Callable[..., Sequence[Any]]
 {"correct", "incorrect", "verifier_error"} and ``.reward`` (``hacrl_fed.reward.Verifier.verify``)."""
 
 
+MAX_TASK_CHARS = 64
+"""A problem's ``source`` longer than this, or with characters outside letters, digits and ``_.:/-``, travels as no
+task."""
+_TASK_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,%d}" % (MAX_TASK_CHARS - 1))
+
+
+def _task(problem: ProblemLike) -> str:
+    """The task label a plan carries: the problem's ``source`` (a ``reasoning_gym`` task label, ``arithmetic-l1``, a
+    file's ``data_source`` column …) when it is a short plain label (:data:`MAX_TASK_CHARS`), else empty."""
+    source = getattr(problem, "source", "") or ""
+    return source if _TASK_RE.fullmatch(source) else ""
+
+
 def step_seed(seed: int, step: int) -> int:
     """Sampling seed of one step: 63 bits of SHA-256 over ``"seed:step"`` (uncorrelated across steps)."""
     digest = hashlib.sha256(f"{int(seed)}:{int(step)}".encode()).digest()
@@ -75,7 +89,7 @@ def build_round_plan(*, run_id: str, step: int, problems: Sequence[ProblemLike],
         sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                    max_new_tokens=sampling.max_new_tokens, seed=step_seed(seed, step)),
         prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
-                               answer_style=p.answer_style or "boxed") for p in problems],
+                               answer_style=p.answer_style or "boxed", task=_task(p)) for p in problems],
         deadline_unix_s=deadline_unix_s,
     )
 
@@ -95,6 +109,8 @@ class AgentVerification:
     """Coordinator-side verifier errors (timeouts, crashes): reward 0."""
     verifier_timeouts: int = 0
     """Of those, items that still ran out of CPU time after the verifier's retry (reason ``timeout …``)."""
+    task_accuracy: dict[str, float] = field(default_factory=dict)
+    """Mean coordinator reward per task label of the plan's prompts (empty when the plan has no tasks)."""
 
     @property
     def accuracy(self) -> float:
@@ -157,7 +173,19 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
     out = {agent: _compare(agent, by_agent[agent], rows) for agent, rows in results.items()}
     for agent, n in timeouts.items():
         out[agent].verifier_timeouts = n
+    for agent, v in out.items():
+        v.task_accuracy = _task_means(by_agent[agent], v.rewards, prompts)
     return out
+
+
+def _task_means(batch: pb.RolloutBatch, rewards: Sequence[float], prompts: Mapping[str, pb.PromptItem]) -> dict[str, float]:
+    """Mean reward per task label over the batch's rollouts (prompts without a task are left out)."""
+    sums: dict[str, list[float]] = {}
+    for r, reward in zip(batch.rollouts, rewards, strict=True):
+        task = prompts[r.prompt_id].task
+        if task:
+            sums.setdefault(task, []).append(reward)
+    return {t: sum(v) / len(v) for t, v in sorted(sums.items())}
 
 
 def _compare(agent: str, batch: pb.RolloutBatch, rows: list[tuple[float, int]]) -> AgentVerification:
@@ -178,12 +206,13 @@ def capability_table(tracker: Any, plan: pb.RoundPlan, accuracy: dict[str, float
 
     ``tracker`` is a :class:`hacrl_fed.algo.capability.CapabilityTracker` already updated with this
     step's ``accuracy`` (agent → P_t); the table lists exactly those agents with P̂ (Eq. 9), their
-    window (oldest first) and P_t. ``warmup`` is true while the tracker forces ratios to 1.
+    window (oldest first), P_t and P̂(t) per task (the ``capability_scope = "task"`` extension, empty without
+    tasks). ``warmup`` is true while the tracker forces ratios to 1.
     """
     history = tracker.state_dict()["history"]
     table = pb.CapabilityTable(run_id=plan.run_id, step=plan.step, corrections=list(corrections),
                                warmup=tracker.steps <= tracker.warmup_steps)
     for agent in sorted(accuracy):
         table.agents.add(agent_id=agent, capability=tracker.capability(agent), window=history[agent],
-                         step_accuracy=accuracy[agent])
+                         step_accuracy=accuracy[agent], task_capability=tracker.task_capabilities(agent))
     return table

@@ -289,7 +289,7 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     notices.update(step_notices(plan, agents, trained=trained, min_agents=run.min_agents))
     next_b = b""
     if trained:
-        tracker.update({a: v.accuracy for a, v in verdicts.items()})
+        tracker.update({a: v.accuracy for a, v in verdicts.items()}, {a: v.task_accuracy for a, v in verdicts.items()})
         if plan.step < run.steps:
             nxt = _plan(setup, state, plan.step + 1, run.train_timeout_s + run.generate_timeout_s)
             next_b = nxt.SerializeToString(deterministic=True)
@@ -379,7 +379,9 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
     replies = _exchange(transport, [Order(n.node_id, "evaluate", request=request) for n in nodes],
                         run.generate_timeout_s)
     state.last_eval_step = s
-    record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out))
+    tasks = {p.id: p.source for p in setup.held_out if p.source}
+    record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out),
+                         tasks=tasks if len(set(tasks.values())) > 1 else None)
     record |= {"time": setup.clock(), "eval_s": setup.clock() - t0}
     _commit(setup, state, metrics, record)
 

@@ -11,7 +11,8 @@ Metrics line of one step (``event = "step"``), per agent under ``agents.<name>``
 ``status`` (trained | train_error | rejected | error | timeout), ``reason`` (a
 :class:`~hacrl_fed.protocol.validation.Reason` value), ``detail``, ``rows_accepted``,
 ``rows_rejected``, ``accuracy`` (coordinator verdicts), ``site_accuracy`` (claimed),
-``capability`` (P̂ after this step), ``reward_disagreements``, ``verdict_mismatches``,
+``capability`` (P̂ after this step), ``task_accuracy`` and ``task_capability`` (per task label of the
+plan's prompts: this step's mean reward and P̂(t); empty without tasks), ``reward_disagreements``, ``verdict_mismatches``,
 ``verifier_errors`` (``verifier_timeouts`` of them ran out of CPU time), ``bytes_in``/``bytes_out`` (wire bytes of replies/orders), ``generate_s`` and
 ``train_s`` (worker-reported), and the worker's raw ``generate``/``train`` metrics (bounded, as
 everything read from a reply: :mod:`~hacrl_fed.coordinator.intake`). ``timing``
@@ -270,6 +271,8 @@ def _agent_record(a: AgentStep, tracker: Any) -> dict[str, Any]:
         "rows_accepted": a.rows_accepted, "rows_rejected": a.rows_rejected,
         "accuracy": v.accuracy if v else None, "site_accuracy": v.site_accuracy if v else None,
         "capability": tracker.capability(a.agent) if known else None,
+        "task_accuracy": dict(v.task_accuracy) if v else {},
+        "task_capability": tracker.task_capabilities(a.agent) if known else {},
         "reward_disagreements": v.disagreements if v else 0, "verdict_mismatches": v.verdict_mismatches if v else 0,
         "verifier_errors": v.verifier_errors if v else 0,
         "verifier_timeouts": v.verifier_timeouts if v else 0, "bytes_in": a.bytes_in, "bytes_out": a.bytes_out,
@@ -330,10 +333,26 @@ def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
     return req.SerializeToString(deterministic=True)
 
 
+def task_scores(results: Sequence[Any], tasks: Mapping[str, str]) -> dict[str, float]:
+    """``task/<label>/accuracy`` (mean share of correct responses) per task of ``tasks`` (prompt id → label) from
+    an ``EvaluateResponse``'s per-problem results; results for prompts outside ``tasks``, repeated prompt ids and
+    counts out of range are ignored."""
+    seen: set[str] = set()
+    sums: dict[str, list[float]] = {}
+    for r in results:
+        task = tasks.get(r.prompt_id)
+        if not task or r.prompt_id in seen or not 0 <= r.correct <= r.total or r.total < 1:
+            continue
+        seen.add(r.prompt_id)
+        sums.setdefault(task, []).append(r.correct / r.total)
+    return {f"task/{t}/accuracy": sum(v) / len(v) for t, v in sorted(sums.items())}
+
+
 def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str, step: int,
-                prompts: int) -> dict[str, Any]:
+                prompts: int, tasks: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The metrics line of one held-out evaluation: per agent (the name each node claims, ``name@node``
-    when two claim one) the worker's bounded metrics or the error."""
+    when two claim one) the worker's bounded metrics or the error; with ``tasks`` (prompt id → task label of
+    the held-out problems, when there is more than one task) also ``task/<label>/accuracy`` per task."""
     claims = [claimed_agent(node, replies.get(node.node_id)) or f"node-{node.node_id}" for node in nodes]
     agents: dict[str, Any] = {}
     for node, claim in zip(nodes, claims):
@@ -347,6 +366,6 @@ def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str
         except DecodeError:
             agents[name] = {"error": "unreadable EvaluateResponse"}
             continue
-        agents[name] = bounded_metrics(dict(res.metrics))
+        agents[name] = bounded_metrics(dict(res.metrics)) | (task_scores(res.results, tasks) if tasks else {})
         log.info("eval after step %d: %s %s", step, name, " ".join(f"{k}={v:.3f}" for k, v in sorted(agents[name].items())))
     return {"event": "eval", "run_id": run_id, "step": step, "prompts": prompts, "agents": agents}

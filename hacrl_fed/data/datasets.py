@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from hacrl_fed.data.arithmetic import iter_problems
 from hacrl_fed.data.problem import DataError, Problem
 from hacrl_fed.data.sampler import PromptSampler
-from hacrl_fed.reward.extract import ANSWER_STYLES, reference_answer
+from hacrl_fed.reward.extract import ANSWER_STYLES, is_answer_style, reference_answer
 
 if TYPE_CHECKING:
     from hacrl_fed.config import DataConfig
@@ -129,8 +129,8 @@ def problems_from_rows(rows: Iterable[tuple[str, Any]], *, stem: str, answer_sty
                 raise ValueError("empty problem text")
             answer = _answer_text(row)
             style = row.get("answer_style") or answer_style
-            if style not in ANSWER_STYLES:
-                raise ValueError(f"answer_style must be one of {ANSWER_STYLES}, got {style!r}")
+            if not is_answer_style(style):
+                raise ValueError(f"answer_style must be one of {ANSWER_STYLES} or task:<name>, got {str(style)[:80]!r}")
         except ValueError as err:
             raise DataError(f"{where}: {err}") from None
         pid = _row_id(row, stem, i + 1)
@@ -270,13 +270,19 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
 
     * ``arithmetic``: ``num_problems`` generated training problems (seeded by ``cfg.seed``) and
       ``eval_size`` held-out problems that are the same for every seed; disjoint by construction.
+    * ``reasoning_gym``: procedural tasks (:func:`hacrl_fed.data.tasks.load_task_problems`): training items split
+      over ``cfg.tasks`` by weight, held-out items of every task and of ``cfg.eval_tasks``; disjoint, checked.
     * ``file`` / ``hf``: ``cfg.path`` loaded with ``cfg.answer_style``; held out are the first
       ``eval_size`` rows of ``cfg.eval_path`` if given, else ``eval_size`` rows of the source.
       Train never contains a held-out problem text.
 
     Raises :class:`DataError` for unreadable sources, bad rows or an empty training set.
     """
-    if cfg.source == "arithmetic":
+    if cfg.source == "reasoning_gym":
+        from hacrl_fed.data.tasks import load_task_problems
+
+        train, held = load_task_problems(cfg)
+    elif cfg.source == "arithmetic":
         train, held = _arithmetic(cfg)
         if cfg.answer_style != "boxed":
             train = [_restyle(p, cfg.answer_style) for p in train]

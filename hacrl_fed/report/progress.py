@@ -40,6 +40,15 @@ def _num(x: Any, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _held_out(data) -> str:
+    """``16 held out``; for a task suite ``24 held out per task, 4 tasks + 2 held-out families``."""
+    if data.source != "reasoning_gym":
+        return f"{data.eval_size} held out"
+    return (f"{data.eval_size} held out per task, {len(data.tasks)} task{'s' * (len(data.tasks) != 1)}"
+            + (f" + {len(data.eval_tasks)} held-out famil{'ies' if len(data.eval_tasks) != 1 else 'y'}"
+               if data.eval_tasks else ""))
+
+
 class _Count(ProgressColumn):
     """``completed/total`` for tasks with a total; nothing for the open-ended ones (an agent's phase line)."""
 
@@ -136,7 +145,7 @@ class SimulationView:
                           str(a.model.max_response_tokens))
         table.caption = (f"{run.steps} steps · B={run.prompts_per_step} prompts × G={run.samples_per_prompt} samples · "
                          f"max_new_tokens {run.sampling.max_new_tokens} · T={run.sampling.temperature:g} · data "
-                         f"{run.data.source} ({run.data.eval_size} held out) · {'TLS' if self.cfg.tls else 'insecure'} loopback")
+                         f"{run.data.source} ({_held_out(run.data)}) · {'TLS' if self.cfg.tls else 'insecure'} loopback")
         return table
 
     def _task(self, key: str, description: str, total: float | None = None, completed: float = 0) -> None:

@@ -81,6 +81,7 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
         train, gen = a.get("train") or {}, a.get("generate") or {}
         agents[name] = {
             "status": a.get("status"), "accuracy": a.get("accuracy"), "capability": a.get("capability"),
+            "task_accuracy": dict(a.get("task_accuracy") or {}), "task_capability": dict(a.get("task_capability") or {}),
             "ratios": {j: m.get("capability_ratio") for j, m in sorted(per_source.items()) if j != name},
             "cross": {j: _cross_entry(m) for j, m in sorted(per_source.items()) if j != name},
             "screens": {j: {k: m[k] for k in _SCREEN_KEYS if k in m} for j, m in sorted(per_source.items())
@@ -115,9 +116,14 @@ def _grad_rows(c: Mapping[str, Any]) -> float:
     return (c.get("rows") or 0.0) * (c.get("grad_frac") or 0.0)
 
 
+def _eval_tasks(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k[5:-9]: v for k, v in metrics.items() if k.startswith("task/") and k.endswith("/accuracy")}
+
+
 def _evals(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"step": r["step"], "eval_s": r.get("eval_s"), "prompts": r.get("prompts"),
              "agents": {n: m.get("avg@1") for n, m in r.get("agents", {}).items()},
+             "tasks": {n: _eval_tasks(m) for n, m in r.get("agents", {}).items() if _eval_tasks(m)},
              "errors": {n: m["error"] for n, m in r.get("agents", {}).items() if "error" in m}}
             for r in records if r.get("event") == "eval"]
 
@@ -177,7 +183,7 @@ def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, p
     evals = _evals(records)
     end = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
     names = sorted(set(agents) | {n for s in steps for n in s["agents"]})
-    return {
+    report = {
         "run_id": end.get("run_id") or next((r.get("run_id") for r in records if r.get("run_id")), None),
         "run_dir": str(run_dir), "steps_done": end.get("steps", len(steps)),
         "skipped_steps": end.get("skipped_steps"), "overhead_frac": end.get("overhead_frac"),
@@ -185,6 +191,8 @@ def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, p
         "agents": {n: _agent_summary(n, agents.get(n, {}), steps, evals) for n in names},
         "evals": evals, "steps": steps,
     }
+    report["tasks"] = task_summary(report)
+    return report
 
 
 def _pct(x: float | None) -> str:
@@ -298,6 +306,43 @@ def _md_steps(report: Mapping[str, Any]) -> list[str]:
     return _md_table(header, rows)
 
 
+def task_summary(report: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per task and agent: held-out accuracy before and after (greedy), mean rollout accuracy over the steps and
+    the last P̂(t) (``task_accuracy`` / ``task_capability`` of the step records). Empty for a single-task run."""
+    evals = report["evals"]
+    before = evals[0].get("tasks", {}) if evals and evals[0]["step"] == 0 else {}
+    after = evals[-1].get("tasks", {}) if evals and evals[-1]["step"] > 0 else {}
+    names = list(report["agents"])
+    tasks = sorted({t for per in (*before.values(), *after.values()) for t in per}
+                   | {t for s in report["steps"] for a in s["agents"].values() for t in a.get("task_accuracy") or {}})
+    if len(tasks) < 2:
+        return {}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for t in tasks:
+        for n in names:
+            mine = [s["agents"][n] for s in report["steps"] if n in s["agents"]]
+            out.setdefault(t, {})[n] = {
+                "held_out_before": before.get(n, {}).get(t), "held_out_after": after.get(n, {}).get(t),
+                "rollout_accuracy": _mean([m["task_accuracy"].get(t) for m in mine if m.get("task_accuracy")]),
+                "final_capability": next((m["task_capability"][t] for m in reversed(mine)
+                                          if t in (m.get("task_capability") or {})), None)}
+    return out
+
+
+def _md_tasks(report: Mapping[str, Any]) -> list[str]:
+    per = report.get("tasks") or {}
+    if not per:
+        return []
+    names = list(report["agents"])
+    rows = [[t, *(f"{_pct(v[n]['held_out_before'])} → {_pct(v[n]['held_out_after'])}" for n in names),
+             *(f"{_pct(v[n]['rollout_accuracy'])} / {_f(v[n]['final_capability'], '.3f')}" for n in names)]
+            for t, v in per.items()]
+    return ["## Per task", "", "Held-out greedy accuracy before → after per task (tasks only evaluated are held-out "
+            "families), and the mean rollout accuracy over the steps / the last capability P̂(t) per task "
+            "(`algo.capability_scope = \"task\"` trains with it).", "",
+            *_md_table(["task", *(f"{n} held-out" for n in names), *(f"{n} rollouts / P̂(t)" for n in names)], rows)]
+
+
 def _md_screens(report: Mapping[str, Any]) -> list[str]:
     """Per learner and source over the run: rows seen, screened by reason, disagreements, last standing."""
     total: dict[tuple[str, str], dict[str, float]] = {}
@@ -338,6 +383,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += ["Wire bytes: each agent's orders and replies on the Flower wire per step (generate + train); weights:",
               "its exported safetensors, what one FedAvg exchange would move.", "", "## Steps", ""]
     lines += _md_steps(report)
+    lines += _md_tasks(report)
     lines += _md_screens(report)
     lines += ["## Where the time went", ""]
     lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
@@ -366,7 +412,11 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
         held = [(e["step"], e["agents"].get(name)) for e in report["evals"] if e["agents"].get(name) is not None]
         if held:
             ax[0, 0].plot(*zip(*held), ls="--", marker="s", color=line.get_color(), label=f"{name} held-out")
-        ax[0, 1].plot(xs, [m["capability"] for m in mine], marker="o", label=name)
+        ax[0, 1].plot(xs, [m["capability"] for m in mine], marker="o", label=name, color=line.get_color())
+        for t, style in zip(sorted({t for m in mine for t in m.get("task_capability") or {}}),
+                            itertools.cycle((":", "-.", (0, (1, 3)), (0, (5, 2, 1, 2))))):
+            pts = [(x, m["task_capability"][t]) for x, m in zip(xs, mine) if t in (m.get("task_capability") or {})]
+            ax[0, 1].plot(*zip(*pts), ls=style, lw=1, color=line.get_color(), label=f"{name} P̂({t})")
         ax[1, 2].plot(xs, [m["wire_bytes"] for m in mine], marker="o", color=line.get_color(), label=f"{name} wire/step")
         if summary["weight_bytes"]:
             ax[1, 2].axhline(summary["weight_bytes"], ls="--", color=line.get_color(), label=f"{name} weights")
@@ -388,7 +438,7 @@ def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
     for (bounds, names), color in zip(windows.items(), itertools.cycle(("green", "olive", "teal", "purple"))):
         ax[1, 0].fill_between([b[0] for b in bounds], [b[1] for b in bounds], 1.0, color=color, alpha=0.25,
                               step="mid", label="clip window [l_m, 1]" + (f" ({', '.join(names)})" if len(windows) > 1 else ""))
-    titles = ["accuracy (rollouts; held-out greedy dashed)", "capability P̂", "capability ratio r(j→k)",
+    titles = ["accuracy (rollouts; held-out greedy dashed)", "capability P̂ (per task: thin lines)", "capability ratio r(j→k)",
               "cross ratio s (mean, min–max band; log scale)", "peer rows that reached the gradient (fraction of those received)",
               "bytes per step vs weights"]
     for a, title in zip(ax.flat, titles):

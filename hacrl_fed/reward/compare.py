@@ -35,7 +35,9 @@ from hacrl_fed.reward.extract import (
     max_nesting,
     normalize_latex,
     reference_answer,
+    task_of_style,
 )
+from hacrl_fed.reward.task_scorers import check_task_answer
 from hacrl_fed.reward.verdict import Verdict
 
 __all__ = ["MAX_ANSWER_CHARS", "MAX_NESTING", "REL_TOL", "check_answer", "strict_grader", "warm_up"]
@@ -190,7 +192,8 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
         response: the model's response text.
         reference: the reference final answer (or a worked solution with ``\\boxed{}``/``####``).
         style: ``boxed`` (a stated answer is required) or ``gsm8k`` (also ``####`` and the final
-            number), see :mod:`hacrl_fed.reward.extract`.
+            number), see :mod:`hacrl_fed.reward.extract`; ``task:<name>``: the last box scored by that
+            procedural task's scorer (:func:`hacrl_fed.reward.task_scorers.check_task_answer`).
         problem: the problem text, enabling the restated-problem check.
 
     Returns a :class:`Verdict`; raises ``ValueError`` only for an unknown style. No timeout: see
@@ -203,6 +206,10 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
     >>> check_answer(r"\\boxed{\\frac{1}{2006!}}", r"\\frac{1}{2004!}").verdict
     'incorrect'
     """
+    task = task_of_style(style)
+    if task is not None:  # a procedural task's own scorer (hacrl_fed.reward.task_scorers)
+        found = extract_final_answer(response, style)
+        return check_task_answer(None if found is None else found.answer, reference, task, problem)
     ref = normalize_latex(reference_answer(reference))
     if not ref:
         return Verdict.error("reference_empty")

@@ -15,6 +15,8 @@ source                  example                                      ``boxed``  
 ======================  ===========================================  ==========  ==========
 
 Only the *last* ``\\boxed`` counts; if it is unclosed (a truncated response) there is no answer.
+A ``task:<name>`` style (a procedural task whose reference is not a number, :func:`task_of_style`) takes
+the content of the last box verbatim and nothing else: no markers, no formatting removal, no corrections.
 
 Two rules apply on top of the table:
 
@@ -41,10 +43,18 @@ from typing import Literal
 
 AnswerStyle = Literal["boxed", "gsm8k"]
 ANSWER_STYLES: tuple[str, ...] = ("boxed", "gsm8k")
+TASK_STYLE_PREFIX = "task:"
+"""``task:<name>``: the answer is the content of the last ``\\boxed{}`` alone, scored by the scorer of the
+procedural task ``<name>`` (:mod:`hacrl_fed.reward.task_scorers`), for references that are not a number."""
+_TASK_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 __all__ = [
     "ANSWER_STYLES",
     "AnswerStyle",
+    "TASK_STYLE_PREFIX",
+    "check_style",
+    "is_answer_style",
+    "task_of_style",
     "Extraction",
     "answer_end",
     "extract_final_answer",
@@ -58,6 +68,31 @@ __all__ = [
 ]
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def task_of_style(style: str) -> str | None:
+    """The task name of a ``task:<name>`` answer style (``name``: lower-case letters, digits and ``_``, at most
+    64 characters, starting with a letter), else ``None``.
+
+    >>> task_of_style("task:calendar_arithmetic"), task_of_style("boxed"), task_of_style("task:../x")
+    ('calendar_arithmetic', None, None)
+    """
+    if not isinstance(style, str) or not style.startswith(TASK_STYLE_PREFIX):
+        return None
+    name = style[len(TASK_STYLE_PREFIX):]
+    return name if _TASK_NAME_RE.fullmatch(name) else None
+
+
+def is_answer_style(style: str) -> bool:
+    """Whether ``style`` is ``boxed``, ``gsm8k`` or a well-formed ``task:<name>``."""
+    return style in ANSWER_STYLES or task_of_style(style) is not None
+
+
+def check_style(style: str) -> None:
+    """Raise ``ValueError`` unless ``style`` is ``boxed``, ``gsm8k`` or ``task:<name>`` (:func:`task_of_style`)."""
+    if not is_answer_style(style):
+        shown = style[:80] if isinstance(style, str) else type(style).__name__
+        raise ValueError(f"unknown answer style {shown!r}; expected one of {', '.join(ANSWER_STYLES)} or task:<name>")
 _MARKER_RE = re.compile(
     r"(?:final\s+answer|the\s+answer|\banswer)\s*(?:\*\*)?\s*(?:is\s*:?|:|=)[ \t*]*",
     re.IGNORECASE,
@@ -418,8 +453,10 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
     >>> extract_final_answer(r"\\boxed{\\textbf{12}}"), extract_final_answer("The answer is 5, no wait, 7.")
     (Extraction(answer='12', source='boxed'), Extraction(answer='7', source='correction'))
     """
-    if style not in ANSWER_STYLES:
-        raise ValueError(f"unknown answer style {style!r}; expected one of {', '.join(ANSWER_STYLES)}")
+    check_style(style)
+    if task_of_style(style) is not None:  # a procedural task's answer: the last box, verbatim
+        boxed = _last_boxed_span(response)[0]
+        return Extraction(boxed, "boxed") if boxed and boxed.strip() else None
     text = strip_formatting(response)
     found, end = _stated(text, style)
     corrections = find_corrections(text, end) if found is not None else []

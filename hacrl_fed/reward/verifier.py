@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hacrl_fed.reward.compare import check_answer, warm_up
-from hacrl_fed.reward.extract import ANSWER_STYLES
+from hacrl_fed.reward.extract import check_style
 from hacrl_fed.reward.pool import KillablePool, MapStats
 from hacrl_fed.reward.verdict import Verdict
 
@@ -143,8 +143,10 @@ class Verifier:
         for i in range(n):
             if not isinstance(responses[i], str) or not isinstance(refs[i], str):
                 raise ValueError(f"item {i}: response and reference must be str")
-            if style_list[i] not in ANSWER_STYLES:
-                raise ValueError(f"item {i}: unknown answer style {style_list[i]!r}; expected one of {ANSWER_STYLES}")
+            try:
+                check_style(style_list[i])
+            except ValueError as err:
+                raise ValueError(f"item {i}: {err}") from None
         items = list(zip(responses, refs, style_list, problem_list, strict=True))
         outcomes, stats = self._pool.map_with_stats(items) if items else ([], MapStats())
         return VerdictList([self._to_verdict(o) for o in outcomes], stats.timeouts, stats.retried)
@@ -219,8 +221,7 @@ class AccuracyReward:
     __name__ = "accuracy_reward"  # TRL logs reward functions by __name__
 
     def __init__(self, answer_style: str = "boxed", timeout_s: float = 5.0, workers: int = 2) -> None:
-        if answer_style not in ANSWER_STYLES:
-            raise ValueError(f"unknown answer style {answer_style!r}; expected one of {ANSWER_STYLES}")
+        check_style(answer_style)
         self.answer_style, self.timeout_s, self.workers = answer_style, timeout_s, workers
         self._verifier: Verifier | None = None
 

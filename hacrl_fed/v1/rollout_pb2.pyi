@@ -42,16 +42,18 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class PromptItem(_message.Message):
-    __slots__ = ("prompt_id", "text", "reference_answer", "answer_style")
+    __slots__ = ("prompt_id", "text", "reference_answer", "answer_style", "task")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_ANSWER_FIELD_NUMBER: _ClassVar[int]
     ANSWER_STYLE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     text: str
     reference_answer: str
     answer_style: str
-    def __init__(self, prompt_id: _Optional[str] = ..., text: _Optional[str] = ..., reference_answer: _Optional[str] = ..., answer_style: _Optional[str] = ...) -> None: ...
+    task: str
+    def __init__(self, prompt_id: _Optional[str] = ..., text: _Optional[str] = ..., reference_answer: _Optional[str] = ..., answer_style: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
 
 class RoundPlan(_message.Message):
     __slots__ = ("run_id", "step", "samples_per_prompt", "sampling", "prompts", "deadline_unix_s")
@@ -118,16 +120,25 @@ class SignedEnvelope(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class AgentCapability(_message.Message):
-    __slots__ = ("agent_id", "capability", "window", "step_accuracy")
+    __slots__ = ("agent_id", "capability", "window", "step_accuracy", "task_capability")
+    class TaskCapabilityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     STEP_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TASK_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     capability: float
     window: _containers.RepeatedScalarFieldContainer[float]
     step_accuracy: float
-    def __init__(self, agent_id: _Optional[str] = ..., capability: _Optional[float] = ..., window: _Optional[_Iterable[float]] = ..., step_accuracy: _Optional[float] = ...) -> None: ...
+    task_capability: _containers.ScalarMap[str, float]
+    def __init__(self, agent_id: _Optional[str] = ..., capability: _Optional[float] = ..., window: _Optional[_Iterable[float]] = ..., step_accuracy: _Optional[float] = ..., task_capability: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RewardCorrection(_message.Message):
     __slots__ = ("agent_id", "prompt_id", "sample_index", "reward", "verdict")

@@ -23,6 +23,7 @@ from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strin
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
+from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -119,8 +120,11 @@ def _check_prompts(prompts) -> None:
                                       f"{MAX_PROMPT_CHARS} are allowed")
         if not p.text.strip():
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
-        if p.answer_style not in ("", "boxed", "gsm8k"):
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style!r}")
+        if p.answer_style and not is_answer_style(p.answer_style):
+            raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style[:80]!r}")
+        if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
+            raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
+                                      f"{MAX_ID_CHARS} characters")
 
 
 def _check_release(cfg: AgentConfig, roster: Mapping[str, Any]) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hacrl_fed.algo.advantages import row_advantages
-from hacrl_fed.algo.capability import capability_ratio
+from hacrl_fed.algo.capability import RatioKey, capability_ratio, row_ratio, task_ratios
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
@@ -159,6 +159,8 @@ class Trainer:
                    if self.algo.share_rollouts else {})
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
+        if self.algo.capability_scope == "task" and not capability_table.warmup:
+            ratios = self._task_ratios(capability_table, ratios, own)
         guard = self.guard if self.guard is not None and self.guard.active and foreign else None
         screened_sources = sorted(foreign)
         if guard is not None:
@@ -337,7 +339,18 @@ class Trainer:
                 rejected.append(f"{j}: bad capability: {err}; batch left out")
         return out
 
-    def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[str, float],
+    def _task_ratios(self, table: pb.CapabilityTable, ratios: dict[str, float],
+                     own: StepRollouts) -> dict[RatioKey, float]:
+        """``ratios`` plus r_{j→k}(t) per (source, prompt id) from the table's per-task capabilities
+        (``algo.capability_scope = "task"``, :func:`hacrl_fed.algo.capability.task_ratios`). Entries that are not a
+        finite positive number, and agents listed twice, are ignored (those rows keep the global ratio)."""
+        listed = [a.agent_id for a in table.agents]
+        caps = {a.agent_id: {t: v for t, v in a.task_capability.items() if math.isfinite(v) and v > 0}
+                for a in table.agents if listed.count(a.agent_id) == 1}
+        tasks = {pid: p.task for pid, p in own.prompts.items() if p.task}
+        return task_ratios(ratios, caps, self.agent, tasks, ratio_clip=self.algo.ratio_clip)
+
+    def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[RatioKey, float],
                 temperature: float, step: int, row_gate=None) -> dict[str, float]:
         was_training = self.model.training
         # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
@@ -351,7 +364,7 @@ class Trainer:
         finally:
             self.model.train(was_training)
 
-    def _report(self, own: StepRollouts, rows: list[TrainingRow], ratios: dict[str, float],
+    def _report(self, own: StepRollouts, rows: list[TrainingRow], ratios: dict[RatioKey, float],
                 metrics: dict[str, float], rejected: list[str]) -> pb.TrainReport:
         metrics = dict(metrics) | drift_stats(rows)
         groups: dict[str, set[float]] = {}
@@ -362,8 +375,12 @@ class Trainer:
             metrics[key + "reward_sum"] = metrics.get(key + "reward_sum", 0.0) + row.reward
         for src in {r.source_agent for r in rows}:
             metrics[f"src/{src}/reward_mean"] = metrics.pop(f"src/{src}/reward_sum") / metrics[f"src/{src}/rows"]
-        for src in {r.source_agent for r in rows} | set(ratios):   # also sources whose rows were all left out
-            metrics[f"src/{src}/capability_ratio"] = ratios.get(src, 1.0)
+        for src in {r.source_agent for r in rows} | {k for k in ratios if isinstance(k, str)}:  # also sources
+            metrics[f"src/{src}/capability_ratio"] = ratios.get(src, 1.0)                  # whose rows were all left out
+        for src in {k[0] for k in ratios if isinstance(k, tuple)}:   # capability per task: the rows' mean ratio
+            mine = [row_ratio(ratios, src, r.prompt_id) for r in rows if r.source_agent == src]
+            if mine:
+                metrics[f"src/{src}/capability_ratio_rows_mean"] = sum(mine) / len(mine)
         metrics |= {"zero_variance_group_frac": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
                     "rejected_batches": float(len(rejected)),
                     "temperature": own.temperature, "rss_bytes": process_rss_bytes()}

@@ -118,3 +118,22 @@ def test_capability_table_lists_this_steps_agents(plan):
     table = capability_table(tracker, plan(step=2), {"alice": 1.0}, [])
     assert not table.warmup and [a.agent_id for a in table.agents] == ["alice"]
     assert table.agents[0].capability == 0.75 and table.step == 2
+
+
+def test_plan_carries_each_prompts_task_and_reverify_measures_accuracy_per_task():
+    from hacrl_fed.data.problem import Problem
+
+    probs = [Problem(id=f"sums-{i}", problem=f"{i} + 1 =", answer=str(i + 1), source="sums") for i in range(2)]
+    probs += [Problem(id="words-0", problem="spell", answer="x", source="words"),
+              Problem(id="f-1", problem="q", answer="1", source="a source with spaces")]
+    p = build_round_plan(run_id="r", step=1, problems=probs, samples_per_prompt=2, sampling=SamplingConfig(),
+                         seed=0, deadline_unix_s=0)
+    assert [x.task for x in p.prompts] == ["sums", "sums", "words", ""]   # not a plain label: no task
+
+    out = reverify(boxed_verify, [_accepted(p, "alice")], p)              # sample 0 right, sample 1 wrong
+    assert out["alice"].task_accuracy == {"sums": 0.5, "words": 0.5}
+    tracker = CapabilityTracker(window=2)
+    tracker.update({"alice": out["alice"].accuracy}, {"alice": out["alice"].task_accuracy})
+    table = capability_table(tracker, p, {"alice": out["alice"].accuracy}, [])
+    assert dict(table.agents[0].task_capability) == {"sums": 0.5, "words": 0.5}
+    assert table.agents[0].capability == 0.5

@@ -319,3 +319,24 @@ def test_fingerprint_is_chained_per_step_not_rehashed(make_sites, plans, monkeyp
     with pytest.raises(RuntimeError):
         alice.train(wpb.TrainRequest(run_id="run-a", step=2, plan=plan2, envelopes=[env], capabilities=table))
     assert alice.health().model_fingerprint == model_fingerprint(alice.model)
+
+
+def test_capability_per_task_weights_each_prompts_peer_rows_by_its_tasks_ratio(make_sites, plans):
+    make_plan, make_table = plans
+    sites = make_sites(KINDS, algo=AlgoConfig(capability_scope="task"), screens=ScreenConfig(reverify=False))
+    alice, bob = sites.start("alice"), sites.start("bob")
+    plan = make_plan(1, prompts=3, g=2)
+    for i, p in enumerate(plan.prompts):
+        p.task = "sums" if i < 2 else "words"
+    env_a, env_b = alice.generate(plan).envelope, bob.generate(plan).envelope
+    table = make_table(plan, {"alice": 0.4, "bob": 0.4})
+    caps = {"alice": {"sums": 0.8, "words": 0.1}, "bob": {"sums": 0.2}}   # bob has no value for words yet
+    for a in table.agents:
+        a.task_capability.update(caps[a.agent_id])
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=1, plan=plan, capabilities=table,
+                                          envelopes=[env_a, env_b]))
+    src = _per_source(report)
+    assert src["bob"]["capability_ratio"] == pytest.approx(1.0)               # the global r_{bob→alice}
+    # 4 rows on sums at r = 0.2 / 0.8, 2 rows on words at the global ratio 1
+    assert src["bob"]["capability_ratio_rows_mean"] == pytest.approx((4 * 0.25 + 2 * 1.0) / 6)
+    assert not report.rejected
