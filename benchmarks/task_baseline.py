@@ -73,7 +73,8 @@ CANDIDATES: dict[str, tuple[str, dict]] = {
 
 def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens: int) -> dict:
     from hacrl_fed.config import TaskSpec
-    from hacrl_fed.data.tasks import DEFAULT_INSTRUCTION, generate_task
+    from hacrl_fed.config import DEFAULT_INSTRUCTION
+    from hacrl_fed.data.tasks import generate_task
     from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
 

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
 from hacrl_fed.algo.screens import ScreenConfig
-from hacrl_fed.data.tasks import DEFAULT_INSTRUCTION
 
 __all__ = [
     "AgentConfig",
@@ -32,6 +31,7 @@ __all__ = [
     "ClientConfig",
     "ConfigError",
     "DataConfig",
+    "DEFAULT_INSTRUCTION",
     "ModelConfig",
     "OptimConfig",
     "RewardFuncConfig",
@@ -70,6 +70,11 @@ class SamplingConfig(Strict):
     """Top-k sampling; 0 = off."""
     max_new_tokens: PositiveInt = 128
     """Generation length cap per response (tokens of the generating model)."""
+
+
+DEFAULT_INSTRUCTION = "Put the final answer within \\boxed{}."
+"""Appended to every question of a ``reasoning_gym`` source (``data.instruction``): the verifier reads the answer
+from the last box (:mod:`hacrl_fed.data.tasks`)."""
 
 
 class TaskSpec(Strict):

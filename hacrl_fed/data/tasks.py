@@ -16,7 +16,8 @@ held-out question (of any task) is dropped as well, so training and held-out pro
 Answers: a reference that is a plain number (``-12``, ``0.3125``, ``7/12``) is verified by math-verify
 (style ``boxed``); any other reference by the task's own scorer (style ``task:<generator>``,
 :mod:`hacrl_fed.reward.task_scorers`). Either way the answer is asked for in ``\\boxed{}``
-(:data:`DEFAULT_INSTRUCTION` is appended to every question). Only generators whose scorer needs no metadata
+(``data.instruction``, :data:`hacrl_fed.config.DEFAULT_INSTRUCTION` by default, is appended to every
+question). Only generators whose scorer needs no metadata
 can be used (the metadata does not travel in a round plan): :func:`check_scorer` refuses the others.
 """
 
@@ -31,7 +32,7 @@ from hacrl_fed.data.problem import DataError, Problem
 if TYPE_CHECKING:
     from hacrl_fed.config import DataConfig, TaskSpec
 
-__all__ = ["DEFAULT_INSTRUCTION", "TRAIN_SEED_BASE", "TRAIN_SEED_STRIDE", "answer_style_for", "check_scorer",
+__all__ = ["TRAIN_SEED_BASE", "TRAIN_SEED_STRIDE", "answer_style_for", "check_scorer",
            "generate_task", "load_task_problems", "task_counts"]
 
 TRAIN_SEED_BASE = 2**31
@@ -40,8 +41,6 @@ TRAIN_SEED_STRIDE = 2**24
 """Generator seeds reserved per run seed: at most this many training items per task."""
 MAX_EVAL_ITEMS = 2**20
 """At most this many held-out items per task (far below :data:`TRAIN_SEED_BASE`)."""
-DEFAULT_INSTRUCTION = "Put the final answer within \\boxed{}."
-"""Appended to every question (``data.instruction``): the verifier reads the answer from the last box."""
 SCORER_CHECK_ITEMS = 8
 """Items of each task whose reference must score 1 without metadata (:func:`check_scorer`)."""
 
