@@ -158,14 +158,20 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
 
 def _checkpoint_run(root: Path) -> tuple[str, int, Path] | None:
     """(run id, step, directory) of the newest checkpoint under ``root`` as its ``state.json`` says (no
-    integrity check: the worker verifies when it loads), or None."""
+    integrity check: the worker verifies when it loads), or None. The ``latest`` pointer is followed only to a
+    checkpoint inside ``root`` (:meth:`~hacrl_fed.worker.checkpoint.CheckpointManager.latest`)."""
     import json
 
+    from hacrl_fed.atomic import read_bounded
+    from hacrl_fed.worker.checkpoint import MAX_META_BYTES, CheckpointManager
+
+    newest = CheckpointManager(root).latest()
+    if newest is None:
+        return None
     try:
-        name = (root / "latest").read_text(encoding="utf-8").strip()
-        meta = json.loads((root / name / "state.json").read_text(encoding="utf-8"))
-        return str(meta["run_id"]), int(meta["step"]), root / name
-    except (OSError, ValueError, KeyError, TypeError):
+        meta = json.loads(read_bounded(newest / "state.json", MAX_META_BYTES).decode("utf-8"))
+        return str(meta["run_id"]), int(meta["step"]), newest
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -92,8 +92,9 @@ def _preflight(cfg: ServerConfig) -> None:
     from hacrl_fed.coordinator.rounds import resume_settings
     from hacrl_fed.coordinator.state import load_state, run_digest
 
-    state = Path(cfg.run.output_dir) / cfg.run.run_id / "coordinator" / "state.json"
-    load_state(state, run_id=cfg.run.run_id, config_digest=run_digest(resume_settings(cfg.run)))  # StateError
+    run_dir = Path(cfg.run.output_dir) / cfg.run.run_id
+    load_state(run_dir / "coordinator" / "state.json", run_id=cfg.run.run_id,  # StateError
+               config_digest=run_digest(resume_settings(cfg.run)), steps=cfg.run.steps, root=run_dir)
     launch.check_importable(["hacrl_fed.flower.server_app", "hacrl_fed.flower.client_app"])
 
 
