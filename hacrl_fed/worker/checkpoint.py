@@ -31,6 +31,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,16 +214,27 @@ class CheckpointManager:
         best = self.latest()
         return ([best] if best is not None else []) + [p for p in found if p != best]
 
-    def load_latest(self, model, optimizer=None, *, fingerprint=None) -> tuple[Path, TrainingState] | None:
+    def load_latest(self, model, optimizer=None, *, fingerprint=None,
+                    restore: Callable[[TrainingState], None] | None = None) -> tuple[Path, TrainingState] | None:
         """Load the newest intact checkpoint (see :meth:`load`); None when there is none at all.
 
-        Each unusable one is skipped with a one-line warning naming it. Raises :class:`CheckpointError`
-        (one line naming every file tried) when checkpoints exist but none is intact.
+        ``restore(state)`` then restores what the caller keeps in ``state.extra`` (e.g. the screens' state); a
+        ``ValueError``, ``TypeError``, ``KeyError`` or ``AttributeError`` it raises makes the checkpoint unusable like
+        a damaged one (``restore`` must leave its objects unchanged when it raises). Each unusable one is skipped
+        with a one-line warning naming it. Raises :class:`CheckpointError` (one line naming every file tried) when
+        checkpoints exist but none is intact.
         """
         tried = []
         for path in self.candidates():
             try:
-                return path, self.load(path, model, optimizer, fingerprint=fingerprint)
+                state = self.load(path, model, optimizer, fingerprint=fingerprint)
+                if restore is not None:
+                    try:
+                        restore(state)
+                    except (ValueError, TypeError, KeyError, AttributeError) as err:
+                        raise CheckpointError(f"{path / 'state.json'}: cannot restore its saved state: "
+                                              f"{' '.join(str(err).split())[:300]}") from None
+                return path, state
             except CheckpointError as err:
                 tried.append(str(err))
                 log.warning("checkpoint unusable, trying an older one: %s", err)
@@ -276,9 +288,15 @@ class CheckpointManager:
         recorded = str(meta.get("fingerprint", ""))
         if fingerprint is not None and recorded and fingerprint(model) != recorded:
             raise CheckpointError(f"{d}: the loaded weights do not have the recorded fingerprint {recorded[:23]}…")
-        return TrainingState(step=int(meta["step"]), run_id=str(meta["run_id"]),
-                             capability=base64.b64decode(meta.get("capability_b64", "")),
-                             fingerprint=recorded, extra=dict(meta.get("extra", {})))
+        try:
+            if not isinstance(meta.get("run_id"), str) or not isinstance(meta.get("extra", {}), dict):
+                raise ValueError("run_id must be a string and extra a table")
+            return TrainingState(step=int(meta["step"]), run_id=meta["run_id"],
+                                 capability=base64.b64decode(meta.get("capability_b64", ""), validate=True),
+                                 fingerprint=recorded, extra=dict(meta.get("extra", {})))
+        except (ValueError, TypeError) as err:  # binascii.Error is a ValueError
+            why = " ".join(str(err).split())[:200]
+            raise CheckpointError(f"{d / 'state.json'}: unreadable checkpoint state ({why})") from None
 
 
 def _sha256(path: Path) -> str:
