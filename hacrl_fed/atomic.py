@@ -1,20 +1,24 @@
-"""Atomic file writes (a temporary file in the target's folder, fsync, then ``os.replace``) and
-exclusive directory locks.
+"""Atomic file writes (a temporary file in the target's folder, fsync, then ``os.replace``),
+exclusive directory locks, bounded reads and the check that a path stays inside its directory.
 
 A reader (or a restarted process) sees either the old file or the new one, never a half-written
 one; a failed write leaves no temporary file behind. A :class:`DirLock` keeps a second process
 out of a directory one process owns (a site's run directory, a worker's checkpoints).
+:func:`read_bounded` reads a regular file of at most a given size (never a device, a FIFO or an
+endless file); :func:`outside` says whether a path leads out of a directory (through a link).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["DirLock", "LockedError", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = ["DirLock", "LockedError", "atomic_write_bytes", "atomic_write_text", "fsync_dir", "outside", "read_bounded"]
 
 LOCK_FILE = ".lock"
 
@@ -97,3 +101,39 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int | None = None
 def atomic_write_text(path: str | Path, text: str, *, mode: int | None = None) -> Path:
     """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
     return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def read_bounded(path: str | Path, max_bytes: int) -> bytes:
+    """The content of the regular file ``path``, at most ``max_bytes`` bytes.
+
+    Raises OSError naming ``path``: FileNotFoundError when it is missing, ``EINVAL`` "not a regular file" for a
+    directory, device or FIFO (opened without blocking, never read), ``EFBIG`` when it is larger than
+    ``max_bytes`` (checked before reading, and again while reading a file that grows).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes ({st.st_size})", str(path))
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes (it grew while read)", str(path))
+        return data
+    finally:
+        os.close(fd)
+
+
+def outside(path: str | Path, root: str | Path) -> str | None:
+    """Where ``path`` really leads (every link resolved, also for a path that does not exist yet) when that is
+    outside the directory ``root`` (itself resolved); None when it stays inside."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return None if real == base or real.startswith(base.rstrip(os.sep) + os.sep) else real

@@ -14,6 +14,7 @@ validate a config in well under a second.
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -478,15 +479,28 @@ def parse_config(data: dict, model: type[M], source: str = "config") -> M:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file read."""
+
+
 def load_config(path: str | Path, model: type[M]) -> M:
-    """Read a TOML file and validate it. Raises :class:`ConfigError` (missing file, bad TOML, schema)."""
+    """Read a TOML file and validate it. Raises :class:`ConfigError` (missing file, not a regular file, larger
+    than :data:`MAX_CONFIG_BYTES`, bad TOML, schema)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        if not stat.S_ISREG(p.stat().st_mode):  # a directory, a device, a FIFO: never opened
+            raise ConfigError(f"{p}: cannot read config file: not a regular file")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: cannot read config file: larger than {MAX_CONFIG_BYTES} bytes")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file") from None
-    except OSError as err:  # a directory, no permission …
+    except OSError as err:  # no permission …
         raise ConfigError(f"{p}: cannot read config file: {err.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{p}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
     return parse_config(data, model, source=str(p))

@@ -39,7 +39,8 @@ from hacrl_fed.config import RunConfig
 from hacrl_fed.coordinator.intake import bounded_reply
 from hacrl_fed.coordinator.phases import VerifyFn, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.scalars import TensorBoardLog
-from hacrl_fed.coordinator.state import CoordinatorState, MetricsLog, load_state, run_digest, save_state
+from hacrl_fed.coordinator.state import (MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, load_state, restore_error,
+                                         run_digest, save_state)
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request,
                                                interrupted_record, reconcile, step_notices, step_record,
                                                step_summary, train_outcome)
@@ -49,10 +50,6 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 __all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
-
-MAX_TRAINED_STEPS = 1000
-"""Steps kept per agent in :attr:`CoordinatorState.trained_steps` (a roll-back deeper than that is not counted)."""
-
 
 @dataclass(frozen=True)
 class Node:
@@ -153,21 +150,26 @@ def resume_settings(run: RunConfig) -> dict[str, Any]:
 def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     """Run (or resume) the run until ``run.steps`` steps are done. Returns the final state.
 
-    Raises StateError when the saved state belongs to different run settings, ValueError when
-    the sampler or capability state cannot be restored; agent failures never raise.
+    Raises StateError (one line naming the file) when the saved state or the metrics log is unusable
+    (:func:`~hacrl_fed.coordinator.state.load_state`, :class:`~hacrl_fed.coordinator.state.MetricsLog`), belongs to
+    different run settings, or its sampler or capability state cannot be restored; agent failures never raise.
     """
     run = setup.run
     digest = run_digest(resume_settings(run))
-    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest)
+    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, steps=run.steps,
+                       root=setup.run_dir)
     resumed = state is not None
     state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
     tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
-    if state.capability:
-        tracker.load_state_dict(state.capability)
-    if state.sampler:
-        setup.sampler.load_state_dict(state.sampler)
+    for part, owner in (("capability", tracker), ("sampler", setup.sampler)):
+        if getattr(state, part):
+            try:
+                owner.load_state_dict(getattr(state, part))
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise restore_error(setup.state_path, part, err) from None
+    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, root=setup.run_dir)
     board = TensorBoardLog(setup.run_dir / "tensorboard") if "tensorboard" in run.report_to else None
-    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, mirror=board)
+    metrics.mirror = board
     if state.pending is not None:
         log.warning("step %s was interrupted during its train phase: it counts as done, not as trained (each "
                     "site's next batch says whether it trained it)", state.pending.get("step"))
@@ -386,12 +388,22 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
     _commit(setup, state, metrics, record)
 
 
+def _seconds(record: Mapping[str, Any], key: str) -> float | None:
+    """``record["timing"][key]`` when it is a finite number of seconds, else None."""
+    timing = record.get("timing")
+    value = timing.get(key) if isinstance(timing, dict) else None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+    return float(value) if ok else None
+
+
 def _run_end(state: CoordinatorState, metrics: MetricsLog) -> dict[str, Any]:
+    """The ``run_end`` record, from the state and the step records of the metrics log (records without usable
+    timings count as skipped or untimed, never crash the run's end)."""
     steps = [r for r in metrics.read() if r.get("event") == "step"]
-    step_s = [r["timing"]["step_s"] for r in steps]
-    overhead = [r["timing"].get("overhead_s") for r in steps if r["timing"].get("overhead_s") is not None]
+    step_s = [x for x in (_seconds(r, "step_s") for r in steps) if x is not None]
+    overhead = [x for x in (_seconds(r, "overhead_s") for r in steps) if x is not None]
     return {"event": "run_end", "run_id": state.run_id, "steps": state.step, "elapsed_s": state.elapsed_s,
             "restarts": state.restarts, "mean_step_s": sum(step_s) / len(step_s) if step_s else None,
             "mean_overhead_s": sum(overhead) / len(overhead) if overhead else None,
             "overhead_frac": sum(overhead) / sum(step_s) if overhead and sum(step_s) > 0 else None,
-            "skipped_steps": sum(not r.get("trained") for r in steps), "totals": state.totals}
+            "skipped_steps": sum(r.get("trained") is not True for r in steps), "totals": state.totals}

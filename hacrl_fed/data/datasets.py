@@ -19,6 +19,7 @@ and line (JSONL) or row (parquet, datasets).
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import random
@@ -39,6 +40,7 @@ __all__ = [
     "Problem",
     "PromptSampler",
     "load_file",
+    "load_file_head",
     "load_hf",
     "load_problems",
     "problems_from_rows",
@@ -49,6 +51,11 @@ log = logging.getLogger(__name__)
 
 HELD_OUT_LABEL = "held-out"
 """Seed label of the held-out selection: the same held-out problems for every run seed."""
+
+HEAD_ROWS = 100
+"""Rows :func:`load_file_head` converts (what a pre-flight checks of a data file)."""
+HEAD_BYTES = 4 << 20
+"""Bytes of a JSON / JSON-lines file :func:`load_file_head` reads at most."""
 
 
 def _text_of(content: Any) -> str | None:
@@ -224,10 +231,125 @@ def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "tr
         rows = _jsonl_rows(p)
     else:
         raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
+    try:
+        problems = problems_from_rows(rows, stem=p.stem, answer_style=answer_style)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start} of a line)") from None
+    if not problems:
+        raise DataError(f"{p}: no problems in file")
+    return problems
+
+
+def load_file_head(path: str | Path, *, answer_style: str = "boxed", split: str = "train", max_rows: int = HEAD_ROWS,
+                   max_bytes: int = HEAD_BYTES) -> list[Problem]:
+    """The first ``max_rows`` problems of a data file in any format :func:`load_file` reads, converted by the same
+    code (:func:`problems_from_rows`), reading a bounded part of it: at most ``max_bytes`` of a JSON or JSON-lines
+    file, one batch of a parquet file, the first rows of a ``save_to_disk`` directory (a directory of another kind
+    is not read: ``[]``). What a pre-flight checks before a run starts.
+
+    Raises :class:`DataError` as :func:`load_file` does for those rows (naming the file and line or row), and for
+    a file that is not a regular file, is not UTF-8, or whose first row does not end within ``max_bytes``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        if not any((p / f).exists() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
+            return []
+        return _saved_dataset_head(p, split, answer_style, max_rows)
+    if not p.is_file():
+        raise DataError(f"{p}: no such data file" if not p.exists() else f"{p}: not a regular file")
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        rows: Iterable[tuple[str, Any]] = _parquet_head(p, max_rows)
+    elif suffix in (".json", ".jsonl", ".ndjson"):
+        rows = _json_head(p, max_rows, max_bytes, array_ok=suffix == ".json")
+    else:
+        raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
     problems = problems_from_rows(rows, stem=p.stem, answer_style=answer_style)
     if not problems:
         raise DataError(f"{p}: no problems in file")
     return problems
+
+
+def _json_head(path: Path, max_rows: int, max_bytes: int, *, array_ok: bool) -> list[tuple[str, Any]]:
+    """The first ``max_rows`` rows of a JSON-lines file (or a JSON array, ``array_ok``) within its first
+    ``max_bytes`` bytes; a row cut off at that bound is left out."""
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    cut = len(data) > max_bytes
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(data[:max_bytes], final=not cut)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    rows: list[tuple[str, Any]] = []
+    if array_ok and text.lstrip().startswith("["):
+        decoder, pos = json.JSONDecoder(), text.index("[") + 1
+        while len(rows) < max_rows:
+            while pos < len(text) and text[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(text) and text[pos] == "]":
+                break
+            try:
+                item, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as err:
+                if cut and rows:
+                    break
+                raise DataError(f"{path}:{err.lineno}: not valid JSON: {err.msg} (column {err.colno})"
+                                + (f" (no complete item in its first {max_bytes} bytes)" if cut else "")) from None
+            except RecursionError:
+                raise DataError(f"{path}: item {len(rows) + 1}: nested too deeply") from None
+            rows.append((f"{path}: item {len(rows) + 1}", item))
+            while pos < len(text) and text[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(text) and text[pos] == ",":
+                pos += 1
+            elif pos < len(text) and text[pos] != "]":
+                raise DataError(f"{path}: item {len(rows)}: not valid JSON: expected ',' or ']' after it")
+        return rows
+    lines = text.split("\n")
+    if cut:
+        lines = lines[:-1]  # cut off at the bound
+        if not any(line.strip() for line in lines):
+            raise DataError(f"{path}: no complete row in its first {max_bytes} bytes")
+    for lineno, line in enumerate(lines, start=1):
+        if len(rows) == max_rows:
+            break
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}:{lineno}", json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{lineno}: not valid JSON: {err.msg} (column {err.colno})") from None
+        except (ValueError, RecursionError) as err:
+            raise DataError(f"{path}:{lineno}: not valid JSON: {' '.join(str(err).split())[:200]}") from None
+    return rows
+
+
+def _parquet_head(path: Path, max_rows: int) -> list[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=max_rows), None)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+        raise DataError(f"{path}: not a readable parquet file: {' '.join(str(err).split())[:300]}") from None
+    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(batch.to_pylist() if batch is not None else [])]
+
+
+def _saved_dataset_head(path: Path, split: str, answer_style: str, max_rows: int) -> list[Problem]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{path}: no split {split!r}; available: {', '.join(ds)}")
+            ds = ds[split]
+        ds = ds.select(range(min(max_rows, len(ds))))
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - datasets raises many types
+        why = " ".join(str(err).split())[:300]
+        raise DataError(f"{path}: could not load dataset (split {split!r}): {why}") from None
+    return problems_from_rows(_dataset_rows(ds, f"{path} [{split}]"), stem=path.name, answer_style=answer_style)
 
 
 def split_held_out(problems: list[Problem], eval_size: int) -> tuple[list[Problem], list[Problem]]:

@@ -86,7 +86,7 @@ def _preflight(cfg: ClientConfig) -> None:
     for what, path in (("root_certificates", cfg.root_certificates), ("node_key", cfg.node_key),
                        ("agent.private_key", cfg.agent.private_key), ("agent.roster", cfg.agent.roster)):
         if path and not Path(path).is_file():
-            raise ConfigError(f"{what}: {path}: no such file")
+            raise ConfigError(f"{what}: {path}: " + ("not a regular file" if Path(path).exists() else "no such file"))
 
 
 def _node_public_key(path: str) -> str:
@@ -94,8 +94,12 @@ def _node_public_key(path: str) -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    from hacrl_fed.launch.preflight import read_small
+
     try:
-        key = serialization.load_ssh_private_key(Path(path).read_bytes(), password=None)
+        key = serialization.load_ssh_private_key(read_small(path, "node_key", "SuperNode key", 64 << 10), password=None)
+    except ConfigError:
+        raise
     except (OSError, ValueError, TypeError) as err:
         raise ConfigError(f"node_key: {path}: not an unencrypted OpenSSH private key ({err})") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -108,7 +112,8 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
     """Check a resolved site config before anything starts or loads; raise ConfigError with one line.
 
     Always: TLS material exists (unless ``insecure``), the node key exists and is an EC key
-    (unless ``insecure``). With a roster: the agent is listed, and the node key matches its
+    (unless ``insecure``), ``output_dir`` can be created and written; roster and key files are regular files
+    of bounded size (errors name the key). With a roster: the agent is listed, and the node key matches its
     ``node_key`` entry. With ``own_worker`` (the client starts the worker): a roster and a signing
     key are required, the signing key matches the roster's ``ed25519`` entry, the model name
     resolves (:func:`hacrl_fed.worker.models.check_model_name`: no download, no model loading), its reward
@@ -123,19 +128,28 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
     if own_worker and not agent.roster:
         raise ConfigError("no roster: put the roster you received into roster.toml here, or set agent.roster")
     try:
-        roster = Roster.load(agent.roster) if agent.roster else None
-        if roster is not None and name not in roster:
-            raise ConfigError(f"agent {name!r} is not in the roster {agent.roster} (it lists {', '.join(roster)}); "
-                              f"check --name, or ask the coordinator for the current roster")
-        if not cfg.insecure and not cfg.node_key:
-            raise ConfigError(f"no SuperNode key for {name!r}: " + layout.format(name, "--node-key / node_key"))
-        if own_worker and not agent.private_key:
-            raise ConfigError(f"no signing key for {name!r}: " + layout.format(name, "agent.private_key"))
-        if roster is not None and own_worker and public_key_b64(load_signing_key(agent.private_key)) != \
-                public_key_b64(roster.public_key(name)):
-            raise ConfigError(f"{agent.private_key} is not the signing key of {name!r} in {agent.roster}")
-    except (KeyFileError, RosterError) as err:
-        raise ConfigError(str(err)) from None
+        roster = Roster.load(agent.roster) if agent.roster else None  # bounded: a regular file of limited size
+    except RosterError as err:
+        raise ConfigError(f"agent.roster: {err}") from None
+    if roster is not None and name not in roster:
+        raise ConfigError(f"agent {name!r} is not in the roster {agent.roster} (it lists {', '.join(roster)}); "
+                          f"check --name, or ask the coordinator for the current roster")
+    if not cfg.insecure and not cfg.node_key:
+        raise ConfigError(f"no SuperNode key for {name!r}: " + layout.format(name, "--node-key / node_key"))
+    if own_worker and not agent.private_key:
+        raise ConfigError(f"no signing key for {name!r}: " + layout.format(name, "agent.private_key"))
+    try:
+        signing = load_signing_key(agent.private_key) if roster is not None and own_worker else None
+    except KeyFileError as err:
+        raise ConfigError(f"agent.private_key: {err}") from None
+    if signing is not None and roster is not None and public_key_b64(signing) != \
+            public_key_b64(roster.public_key(name)):
+        raise ConfigError(f"{agent.private_key} is not the signing key of {name!r} in {agent.roster}")
+    from hacrl_fed.launch.preflight import check_writable
+
+    check_writable(cfg.output_dir, "output_dir")  # the site directory (lock, logs) goes there
+    if own_worker and agent.checkpoint_dir:
+        check_writable(agent.checkpoint_dir, "agent.checkpoint_dir")
     if cfg.node_key and not cfg.insecure:
         public = _node_public_key(cfg.node_key)
         if roster is not None and roster.node_key(name) and roster.node_key(name) != public:
@@ -158,14 +172,20 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
 
 def _checkpoint_run(root: Path) -> tuple[str, int, Path] | None:
     """(run id, step, directory) of the newest checkpoint under ``root`` as its ``state.json`` says (no
-    integrity check: the worker verifies when it loads), or None."""
+    integrity check: the worker verifies when it loads), or None. The ``latest`` pointer is followed only to a
+    checkpoint inside ``root`` (:meth:`~hacrl_fed.worker.checkpoint.CheckpointManager.latest`)."""
     import json
 
+    from hacrl_fed.atomic import read_bounded
+    from hacrl_fed.worker.checkpoint import MAX_META_BYTES, CheckpointManager
+
+    newest = CheckpointManager(root).latest()
+    if newest is None:
+        return None
     try:
-        name = (root / "latest").read_text(encoding="utf-8").strip()
-        meta = json.loads((root / name / "state.json").read_text(encoding="utf-8"))
-        return str(meta["run_id"]), int(meta["step"]), root / name
-    except (OSError, ValueError, KeyError, TypeError):
+        meta = json.loads(read_bounded(newest / "state.json", MAX_META_BYTES).decode("utf-8"))
+        return str(meta["run_id"]), int(meta["step"]), newest
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -2,11 +2,16 @@
 run needs, each failure one line naming the config key and the path (:class:`~hacrl_fed.config.ConfigError`,
 exit code 2).
 
-* :func:`check_data` — the run's problem sources (``run.data.path``, ``run.data.eval_path``);
+* :func:`check_data` — the run's problem sources: the first rows of ``run.data.path`` and
+  ``run.data.eval_path`` loaded by the run's own loader (a bounded part of the file), the tasks of a
+  ``reasoning_gym`` source generated (a few items each);
 * :func:`check_models` — every agent's model name resolves (no download, no loading);
 * :func:`check_rewards` — every agent's reward functions load;
 * :func:`check_report_to` — what ``run.report_to`` needs is installed;
-* :func:`check_writable` — an output directory can be created and written;
+* :func:`check_writable` — an output directory can be created and written (a directory is created in it and
+  removed again);
+* :func:`read_small` — a file the command reads whole (roster, key, certificate) is a regular file of bounded
+  size;
 * :func:`check_simulate` / :func:`check_resume` — all of the above for ``hacrl-fed simulate``.
 
 Relative paths are taken against the current directory, as the commands resolve them.
@@ -16,32 +21,73 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, RunConfig, SimulateConfig
 
 __all__ = ["check_data", "check_models", "check_report_to", "check_resume", "check_rewards", "check_simulate",
-           "check_writable"]
+           "check_writable", "read_small"]
 
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
 
 
 def check_data(data: DataConfig, key: str = "run.data") -> None:
-    """The data files a run reads exist: ``path`` for ``source = "file"`` (and for ``hf`` when it is written
-    as a path: a local dataset directory), ``eval_path`` whenever it is set. Raises ConfigError."""
+    """The data a run reads is there and loads: for ``source = "file"`` (and ``hf`` written as a path: a local
+    dataset directory) and for ``eval_path``, the first rows are loaded and converted by the run's own loader
+    (:func:`hacrl_fed.data.datasets.load_file_head`: at most a few MB read); for ``reasoning_gym``, every task's
+    generator makes a few items (:func:`hacrl_fed.data.datasets.load_problems` with small counts). Raises
+    ConfigError, one line naming the key and the file."""
+    from hacrl_fed.data.datasets import DataError, load_file_head
+
     if data.source == "file" or (data.source == "hf" and data.path and data.path.startswith(_PATH_PREFIXES)):
-        _exists(data.path, f"{key}.path", "data file" if data.source == "file" else "dataset directory")
+        what = "data file" if data.source == "file" else "dataset directory"
+        path = _exists(data.path, f"{key}.path", what)
+        try:
+            load_file_head(path, answer_style=data.answer_style, split=data.split)
+        except DataError as err:
+            raise ConfigError(f"{key}.path: {' '.join(str(err).split())}") from None
     if data.eval_path:
-        _exists(data.eval_path, f"{key}.eval_path", "data file")
+        path = _exists(data.eval_path, f"{key}.eval_path", "data file")
+        try:
+            load_file_head(path, answer_style=data.answer_style, split=data.split)
+        except DataError as err:
+            raise ConfigError(f"{key}.eval_path: {' '.join(str(err).split())}") from None
+    if data.source == "reasoning_gym":
+        from hacrl_fed.data.datasets import load_problems
+
+        few = data.model_copy(update={"num_problems": len(data.tasks), "eval_size": min(data.eval_size, 1)})
+        try:
+            load_problems(few)
+        except DataError as err:
+            raise ConfigError(f"{key}.tasks: {' '.join(str(err).split())}") from None
 
 
-def _exists(path: str | None, key: str, what: str) -> None:
+def _exists(path: str | None, key: str, what: str) -> Path:
     p = Path(os.path.abspath(Path(path or "").expanduser()))
     if not p.exists():
         raise ConfigError(f"{key}: {p}: no such {what} (create it, or point {key} at yours)")
-    if what == "data file" and not p.is_file():
-        raise ConfigError(f"{key}: {p}: not a file")
+    if what == "data file" and not (p.is_file() or p.is_dir()):  # load_file reads a save_to_disk directory too
+        raise ConfigError(f"{key}: {p}: not a regular file")
+    return p
+
+
+MAX_SMALL_FILE_BYTES = 4 << 20
+"""Largest roster, key or certificate file a command reads."""
+
+
+def read_small(path: str | Path, key: str, what: str = "file", max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes:
+    """The content of ``path``, a regular file of at most ``max_bytes`` bytes (never a device, a FIFO or an endless
+    file). Raises ConfigError naming ``key`` and the file."""
+    from hacrl_fed.atomic import read_bounded
+
+    try:
+        return read_bounded(Path(path), max_bytes)
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {path}: no such {what}") from None
+    except OSError as err:
+        raise ConfigError(f"{key}: {path}: cannot read the {what}: {err.strerror}") from None
 
 
 def check_models(agents: Sequence[AgentConfig], key: str = "agents") -> None:
@@ -86,13 +132,19 @@ def check_report_to(run: RunConfig) -> None:
 
 
 def check_writable(path: str | Path, key: str) -> None:
-    """``path`` is, or can be created as, a writable directory. Raises ConfigError."""
+    """``path`` is, or can be created as, a writable directory: a directory is created (and removed again) in it, or
+    in its deepest existing parent. Raises ConfigError naming ``key``."""
     p = Path(os.path.abspath(Path(path).expanduser()))
     probe = p
-    while not probe.exists():
+    while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: {p}: cannot create or write {'it' if probe == p else probe}")
+    where = "it" if probe == p else str(probe)
+    if not probe.is_dir():
+        raise ConfigError(f"{key}: {p}: cannot create it, {probe} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hacrl-fed-probe-", dir=probe))
+    except OSError as err:
+        raise ConfigError(f"{key}: {p}: cannot create or write {where} ({err.strerror})") from None
 
 
 def check_simulate(cfg: SimulateConfig, output_dir: str | Path | None = None) -> None:
@@ -101,7 +153,7 @@ def check_simulate(cfg: SimulateConfig, output_dir: str | Path | None = None) ->
     check_report_to(cfg.run)
     check_models(cfg.agents)
     check_rewards(cfg.agents)
-    check_writable(output_dir or cfg.run.output_dir, "run.output_dir")
+    check_writable(output_dir or cfg.run.output_dir, "--output-dir" if output_dir else "run.output_dir")
     for i, agent in enumerate(cfg.agents):
         if agent.model.cache_dir:
             check_writable(agent.model.cache_dir, f"agents[{i}].model.cache_dir")
@@ -110,11 +162,13 @@ def check_simulate(cfg: SimulateConfig, output_dir: str | Path | None = None) ->
 def check_resume(run_dir: str | Path) -> None:
     """What a ``hacrl-fed simulate --resume`` run needs: its data and models (as resolved when the run was
     prepared). A directory that is not a simulate run is left to the resume itself to refuse."""
+    from hacrl_fed.atomic import read_bounded
+
     try:
-        data = json.loads((Path(run_dir) / "simulate.resolved.json").read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(Path(run_dir) / "simulate.resolved.json", MAX_SMALL_FILE_BYTES))
         run = DataConfig.model_validate(data["server"]["run"]["data"])
         agents = [AgentConfig.model_validate(c["agent"]) for c in data["clients"].values()]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return
     check_data(run)
     check_models(agents)

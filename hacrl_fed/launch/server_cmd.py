@@ -1,8 +1,9 @@
 """``hacrl-fed server --config server.toml``: the coordinator host (ARCHITECTURE.md §1).
 
-1. validate the config and the roster, resolve every path (relative to the current directory), check
-   that the SuperLink port is free (else one line naming it and the process holding it), the data files
-   exist, and the installed hacrl_fed is importable by the interpreter Flower's app processes use;
+1. validate the config and the roster (a regular file of bounded size), resolve every path (relative to the
+   current directory), check that the SuperLink port is free (else one line naming it and the process holding
+   it), the first rows of the data files load, the output directory can be created, and the installed
+   hacrl_fed is importable by the interpreter Flower's app processes use;
 2. write ``<run dir>/server.resolved.json`` (what the ServerApp reads) and a private ``FLWR_HOME``
    (``<run dir>/flwr/config.toml`` with one SuperLink connection);
 3. start ``flower-superlink`` (TLS and SuperNode authentication by default, ``--database``, no
@@ -54,8 +55,11 @@ def _check_cert_covers_loopback(cert_path: str) -> None:
     """The SuperLink's own processes reach it on 127.0.0.1, so its certificate must name that address."""
     from cryptography import x509
 
+    from hacrl_fed.launch.preflight import read_small
+
+    pem = read_small(cert_path, "superlink.server_cert", "certificate")  # ConfigError naming the key
     try:
-        cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+        cert = x509.load_pem_x509_certificate(pem)
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (OSError, ValueError, x509.ExtensionNotFound) as err:
         raise ConfigError(f"{cert_path}: not a usable server certificate ({err})") from None
@@ -66,14 +70,17 @@ def _check_cert_covers_loopback(cert_path: str) -> None:
 
 def _preflight(cfg: ServerConfig) -> None:
     """Fail fast, with one clear message, on anything the run would trip over later."""
-    from hacrl_fed.launch.preflight import check_data, check_report_to, check_writable
-    from hacrl_fed.protocol.keys import Roster
+    from hacrl_fed.launch.preflight import check_data, check_report_to, check_writable, read_small
+    from hacrl_fed.protocol.keys import Roster, RosterError
 
     sl = cfg.superlink
     busy = port_problem(sl.host, sl.port)
     if busy:
         raise ConfigError(f"superlink.port: {busy}; stop it, or choose another superlink.port")
-    roster = Roster.load(cfg.roster)
+    try:
+        roster = Roster.load(cfg.roster)  # bounded: a regular file of at most MAX_ROSTER_BYTES
+    except RosterError as err:
+        raise ConfigError(f"roster: {err}") from None
     if len(roster) < cfg.run.min_agents:
         raise ConfigError(f"{cfg.roster}: {len(roster)} agent(s), but run.min_agents is {cfg.run.min_agents}")
     if sl.node_auth:
@@ -82,9 +89,11 @@ def _preflight(cfg: ServerConfig) -> None:
             raise ConfigError(f"{cfg.roster}: node_key missing for {', '.join(missing)} (superlink.node_auth = true "
                               f"registers every agent's SuperNode key)")
     if not sl.insecure:
-        for f in (sl.ca_cert, sl.server_cert, sl.server_key):
-            if not Path(f).is_file():  # type: ignore[arg-type]
+        for key in ("ca_cert", "server_cert", "server_key"):
+            f = getattr(sl, key)
+            if not Path(f).exists():
                 raise ConfigError(f"{f}: no such file (create TLS files with `hacrl-fed keys certs`)")
+            read_small(f, f"superlink.{key}", "TLS file")
         _check_cert_covers_loopback(sl.server_cert)  # type: ignore[arg-type]
     check_data(cfg.run.data)
     check_report_to(cfg.run)
@@ -92,8 +101,9 @@ def _preflight(cfg: ServerConfig) -> None:
     from hacrl_fed.coordinator.rounds import resume_settings
     from hacrl_fed.coordinator.state import load_state, run_digest
 
-    state = Path(cfg.run.output_dir) / cfg.run.run_id / "coordinator" / "state.json"
-    load_state(state, run_id=cfg.run.run_id, config_digest=run_digest(resume_settings(cfg.run)))  # StateError
+    run_dir = Path(cfg.run.output_dir) / cfg.run.run_id
+    load_state(run_dir / "coordinator" / "state.json", run_id=cfg.run.run_id,  # StateError
+               config_digest=run_digest(resume_settings(cfg.run)), steps=cfg.run.steps, root=run_dir)
     launch.check_importable(["hacrl_fed.flower.server_app", "hacrl_fed.flower.client_app"])
 
 

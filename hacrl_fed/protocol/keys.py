@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from hacrl_fed.atomic import atomic_write_bytes
+from hacrl_fed.atomic import atomic_write_bytes, read_bounded
 from hacrl_fed.protocol.weak_keys import weak_key_problem
 
 __all__ = [
@@ -166,9 +166,15 @@ def generate_identity(name: str, out_dir: str | Path, *, force: bool = False) ->
     return Identity(name, *paths, ed25519=public_key_b64(signing), node_public=node_public.decode("ascii"))
 
 
+MAX_KEY_FILE_BYTES = 64 << 10
+"""Largest key file read (an Ed25519 or EC key file is well under 1 KiB)."""
+MAX_ROSTER_BYTES = 4 << 20
+"""Largest roster file read (thousands of agents)."""
+
+
 def _read(path: str | Path, what: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return read_bounded(path, MAX_KEY_FILE_BYTES)
     except FileNotFoundError:
         raise KeyFileError(f"{path}: no such {what} file") from None
     except OSError as err:
@@ -260,16 +266,19 @@ class Roster(Mapping[str, Ed25519PublicKey]):
 
     @classmethod
     def load(cls, path: str | Path) -> Roster:
-        """Read and validate a roster file. Raises RosterError (missing file, bad TOML, bad entry)."""
+        """Read and validate a roster file. Raises RosterError (missing file, not a regular file, larger than
+        :data:`MAX_ROSTER_BYTES`, bad TOML, bad entry)."""
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            data = tomllib.loads(read_bounded(p, MAX_ROSTER_BYTES).decode("utf-8"))
         except FileNotFoundError:
             raise RosterError(f"{p}: no such roster file") from None
         except OSError as err:
             raise RosterError(f"{p}: cannot read roster: {err.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise RosterError(f"{p}: not valid TOML: {err}") from None
+        except RecursionError:
+            raise RosterError(f"{p}: not valid TOML: nested too deeply") from None
         return cls.from_dict(data, source=str(p))
 
     @classmethod
@@ -360,7 +369,10 @@ def update_roster(path: str | Path, name: str, ed25519: str, node_key: str | Non
     """
     p = Path(path)
     block = roster_entry_toml(name, ed25519, node_key)
-    old_text = p.read_text(encoding="utf-8") if p.exists() else ""
+    try:
+        old_text = read_bounded(p, MAX_ROSTER_BYTES).decode("utf-8") if p.exists() else ""
+    except (OSError, UnicodeDecodeError) as err:
+        raise RosterError(f"{p}: cannot read roster: {getattr(err, 'strerror', None) or 'not UTF-8 text'}") from None
     old = Roster.load(p) if old_text.strip() else Roster({}, str(p))
     if name in old:
         parts = ["# hacrl-fed roster: agent name -> public keys (distribute out of band)\n"]

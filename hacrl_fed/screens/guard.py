@@ -429,17 +429,42 @@ class SiteGuard:
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Restore :meth:`state_dict` output (None or an empty mapping: a fresh guard). Raises ``ValueError``
-        for another state version."""
-        if not state:
+        (the guard unchanged) for another state version or a malformed state."""
+        if state is None or (isinstance(state, Mapping) and not state):
             return
+        if not isinstance(state, Mapping):
+            raise ValueError(f"screen state is a {type(state).__name__}, not a mapping")
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"screen state version {state.get('version')!r}, expected {STATE_VERSION}")
+            raise ValueError(f"screen state version {str(state.get('version'))[:40]!r}, expected {STATE_VERSION}")
         n = self.cfg.likelihood.window
-        self.step = int(state.get("step", 0))
-        self.standing = {s: SourceStanding(status=v["status"], flags=tuple(bool(f) for f in v["flags"]),
-                                           clean_run=int(v["clean_run"]), since_step=int(v["since_step"]),
-                                           reason=str(v["reason"]), history=tuple(v["history"]))
-                         for s, v in state.get("standing", {}).items()}
-        self.windows = {s: deque((float(x) for x in w), maxlen=n) for s, w in state.get("windows", {}).items()}
-        self.own_window = deque((float(x) for x in state.get("own_window", [])), maxlen=n)
-        self.totals = {s: Counter(c) for s, c in state.get("totals", {}).items()}
+        try:
+            step = int(state.get("step", 0))
+            standing = {str(s): SourceStanding(status=_status(v["status"]), flags=tuple(bool(f) for f in v["flags"]),
+                                               clean_run=int(v["clean_run"]), since_step=int(v["since_step"]),
+                                               reason=str(v["reason"]), history=tuple(str(h) for h in v["history"]))
+                        for s, v in dict(state.get("standing", {})).items()}
+            windows = {str(s): deque((float(x) for x in w), maxlen=n)
+                       for s, w in dict(state.get("windows", {})).items()}
+            own_window = deque((float(x) for x in state.get("own_window", [])), maxlen=n)
+            totals = {str(s): Counter({str(k): _count(x) for k, x in dict(c).items()})
+                      for s, c in dict(state.get("totals", {})).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            why = " ".join(str(err).split())[:200]
+            raise ValueError(f"malformed screen state: {type(err).__name__}: {why}") from None
+        self.step, self.standing, self.windows, self.own_window = step, standing, windows, own_window
+        self.totals = totals
+
+
+def _status(value: Any) -> str:
+    """A source standing's status read back from a saved state. Raises ValueError for any other value."""
+    if value not in ("trusted", "downweighted", "quarantined"):
+        raise ValueError(f"unknown standing status {str(value)[:40]!r}")
+    return value
+
+
+def _count(value: Any) -> int | float:
+    """A cumulative count read back from a saved state. Raises ValueError for anything but a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float)
+                                                                        and not math.isfinite(value)):
+        raise ValueError(f"count {str(value)[:40]!r} is not a finite number")
+    return value

@@ -210,14 +210,16 @@ class AgentWorker:
         self.checkpoint_every: int | None = None
         """The run's checkpoint interval as the last train order said (None: not said; 0: never)."""
         try:
-            found = self.checkpoints.load_latest(self.model, self.trainer.optimizer,
-                                                 fingerprint=model_fingerprint) if resume else None
+            def restore(state: TrainingState) -> None:  # a screen state it cannot read: an older checkpoint is used
+                self.trainer.guard.load_state_dict(state.extra.get("screens"))
+
+            found = self.checkpoints.load_latest(self.model, self.trainer.optimizer, fingerprint=model_fingerprint,
+                                                 restore=restore) if resume else None
             if found is not None:
                 path, state = found
                 self.trainer.step, self.trainer.run_id, self.trainer.capability = (state.step, state.run_id,
                                                                                    state.capability)
                 self._saved_step = state.step
-                self.trainer.guard.load_state_dict(state.extra.get("screens"))
                 self.engine.weights_updated()            # the checkpoint's weights generate next
                 published = state.extra.get("published_fingerprint")
                 self._fingerprint = published if isinstance(published, str) and published else None

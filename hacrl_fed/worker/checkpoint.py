@@ -31,6 +31,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hacrl_fed.atomic import atomic_write_text, fsync_dir
+from hacrl_fed.atomic import atomic_write_text, fsync_dir, read_bounded
 
 __all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "export_hf", "get_rng_state", "set_rng_state"]
 
@@ -47,6 +48,10 @@ log = logging.getLogger("hacrl_fed.worker")
 FORMAT_VERSION = 2
 """2: per-file sizes and SHA-256 digests and a digest of ``state.json`` (1: none; still loaded, fingerprint-checked)."""
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
+MAX_POINTER_BYTES = 4096
+"""Largest ``latest`` pointer read (it holds one directory name)."""
+MAX_META_BYTES = 64 << 20
+"""Largest checkpoint ``state.json`` read."""
 
 
 class CheckpointError(RuntimeError):
@@ -171,20 +176,36 @@ class CheckpointManager:
         fsync_dir(self.root)
 
     def checkpoints(self) -> list[Path]:
-        """Complete checkpoints under ``root``, oldest first."""
+        """Complete checkpoints under ``root``, oldest first: directories (not links) named ``step-NNNNNNNN``
+        holding a ``state.json``."""
         if not self.root.is_dir():
             return []
-        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and (p / "state.json").is_file()]
+        found = [p for p in self.root.iterdir() if _STEP_DIR.match(p.name) and not p.is_symlink() and p.is_dir()
+                 and (p / "state.json").is_file()]
         return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
 
     def latest(self) -> Path | None:
-        """The newest checkpoint (``latest`` pointer, else the highest step), or None."""
-        pointer = self.root / "latest"
-        if pointer.is_file():
-            cand = self.root / pointer.read_text(encoding="utf-8").strip()
-            if (cand / "state.json").is_file():
-                return cand
+        """The newest checkpoint (``latest`` pointer, else the highest step), or None.
+
+        The pointer is followed only when it holds the plain name of one of :meth:`checkpoints` (no path, no
+        ``..``, no link out of ``root``); an unreadable or other pointer is ignored with a one-line warning naming it.
+        """
         found = self.checkpoints()
+        pointer = self.root / "latest"
+        if not os.path.lexists(pointer):
+            return found[-1] if found else None
+        try:
+            name = read_bounded(pointer, MAX_POINTER_BYTES).decode("utf-8").strip()
+        except OSError as err:
+            why = f"unreadable ({err.strerror})"
+        except UnicodeDecodeError:
+            why = "unreadable (not UTF-8 text)"
+        else:
+            if self.root / name in found and "/" not in name:
+                return self.root / name
+            why = f"names {name[:80]!r}, not a checkpoint directory inside {self.root}"
+        log.warning("%s: checkpoint pointer %s; using the newest checkpoint there instead%s", pointer, why,
+                    f" ({found[-1].name})" if found else " (none)")
         return found[-1] if found else None
 
     def candidates(self) -> list[Path]:
@@ -193,16 +214,27 @@ class CheckpointManager:
         best = self.latest()
         return ([best] if best is not None else []) + [p for p in found if p != best]
 
-    def load_latest(self, model, optimizer=None, *, fingerprint=None) -> tuple[Path, TrainingState] | None:
+    def load_latest(self, model, optimizer=None, *, fingerprint=None,
+                    restore: Callable[[TrainingState], None] | None = None) -> tuple[Path, TrainingState] | None:
         """Load the newest intact checkpoint (see :meth:`load`); None when there is none at all.
 
-        Each unusable one is skipped with a one-line warning naming it. Raises :class:`CheckpointError`
-        (one line naming every file tried) when checkpoints exist but none is intact.
+        ``restore(state)`` then restores what the caller keeps in ``state.extra`` (e.g. the screens' state); a
+        ``ValueError``, ``TypeError``, ``KeyError`` or ``AttributeError`` it raises makes the checkpoint unusable like
+        a damaged one (``restore`` must leave its objects unchanged when it raises). Each unusable one is skipped
+        with a one-line warning naming it. Raises :class:`CheckpointError` (one line naming every file tried) when
+        checkpoints exist but none is intact.
         """
         tried = []
         for path in self.candidates():
             try:
-                return path, self.load(path, model, optimizer, fingerprint=fingerprint)
+                state = self.load(path, model, optimizer, fingerprint=fingerprint)
+                if restore is not None:
+                    try:
+                        restore(state)
+                    except (ValueError, TypeError, KeyError, AttributeError) as err:
+                        raise CheckpointError(f"{path / 'state.json'}: cannot restore its saved state: "
+                                              f"{' '.join(str(err).split())[:300]}") from None
+                return path, state
             except CheckpointError as err:
                 tried.append(str(err))
                 log.warning("checkpoint unusable, trying an older one: %s", err)
@@ -229,6 +261,9 @@ class CheckpointManager:
 
         d = Path(path)
         meta = _verified_meta(d)
+        for name in ("adapter.safetensors" if meta["lora"] else "model.safetensors", "optimizer.pt", "rng.pt"):
+            if (d / name).is_symlink():
+                raise CheckpointError(f"{d / name}: a link; checkpoint files must be plain files inside {d}")
         if bool(meta["lora"]) != _is_lora(model):
             raise CheckpointError(f"{d}: checkpoint lora={meta['lora']} but the model lora={_is_lora(model)}; "
                                   "set model.lora_rank as in the run that wrote it")
@@ -253,9 +288,15 @@ class CheckpointManager:
         recorded = str(meta.get("fingerprint", ""))
         if fingerprint is not None and recorded and fingerprint(model) != recorded:
             raise CheckpointError(f"{d}: the loaded weights do not have the recorded fingerprint {recorded[:23]}…")
-        return TrainingState(step=int(meta["step"]), run_id=str(meta["run_id"]),
-                             capability=base64.b64decode(meta.get("capability_b64", "")),
-                             fingerprint=recorded, extra=dict(meta.get("extra", {})))
+        try:
+            if not isinstance(meta.get("run_id"), str) or not isinstance(meta.get("extra", {}), dict):
+                raise ValueError("run_id must be a string and extra a table")
+            return TrainingState(step=int(meta["step"]), run_id=meta["run_id"],
+                                 capability=base64.b64decode(meta.get("capability_b64", ""), validate=True),
+                                 fingerprint=recorded, extra=dict(meta.get("extra", {})))
+        except (ValueError, TypeError) as err:  # binascii.Error is a ValueError
+            why = " ".join(str(err).split())[:200]
+            raise CheckpointError(f"{d / 'state.json'}: unreadable checkpoint state ({why})") from None
 
 
 def _sha256(path: Path) -> str:
@@ -273,11 +314,15 @@ def _meta_digest(meta: dict) -> str:
 def _verified_meta(d: Path) -> dict:
     """``state.json`` of checkpoint ``d`` after every integrity check of :meth:`CheckpointManager.load`."""
     state = d / "state.json"
+    if state.is_symlink():
+        raise CheckpointError(f"{state}: a link; checkpoint files must be plain files inside {d}")
     try:
-        meta = json.loads(state.read_text(encoding="utf-8"))
+        meta = json.loads(read_bounded(state, MAX_META_BYTES).decode("utf-8"))
         if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "lora" not in meta:
             raise ValueError("not a checkpoint state")
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        raise CheckpointError(f"{state}: unreadable checkpoint state ({err.strerror})") from None
+    except (ValueError, RecursionError) as err:
         raise CheckpointError(f"{state}: unreadable checkpoint state ({' '.join(str(err).split())[:200]})") from None
     if meta.get("format") not in (1, FORMAT_VERSION):
         raise CheckpointError(f"{state}: checkpoint format {meta.get('format')!r}, expected {FORMAT_VERSION}")
@@ -285,8 +330,13 @@ def _verified_meta(d: Path) -> dict:
         return meta
     if meta.get("digest") != _meta_digest(meta):
         raise CheckpointError(f"{state}: does not match its recorded digest (altered or corrupted)")
-    for name, want in meta.get("files", {}).items():
+    files = meta.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(w, dict) for w in files.values()):
+        raise CheckpointError(f"{state}: unreadable checkpoint state (its 'files' is not a table of files)")
+    for name, want in files.items():
         f = d / name
+        if "/" in name or name in ("", ".", "..") or f.is_symlink():
+            raise CheckpointError(f"{f}: a link or a path; checkpoint files must be plain files inside {d}")
         if not f.is_file():
             raise CheckpointError(f"{f}: checkpoint file is missing")
         if f.stat().st_size != want.get("bytes"):

@@ -123,6 +123,42 @@ def test_no_intact_checkpoint_refuses_to_start(make_sites, plans):
     sites.workers.pop("alice")
 
 
+@pytest.mark.parametrize("screens", [{"version": 99}, {"version": 1, "standing": {"bob": {"status": "trusted"}}}, [1]])
+def test_a_checkpoint_with_an_unusable_screen_state_is_named_and_the_previous_one_is_used(make_sites, plans, caplog,
+                                                                                          screens):
+    """A checkpoint written with another screen-state version (digest intact: another release wrote it), or a
+    screen state the guard cannot read, is skipped like a damaged one: one warning naming its state.json, the
+    previous checkpoint resumes (issue 25, D8)."""
+    from pathlib import Path
+
+    from hacrl_fed.worker.checkpoint import _meta_digest
+
+    make_plan, make_table = plans
+    sites = make_sites({"alice": "tiny-llama-bpe"})
+    alice = sites.start("alice")
+    saved = []
+    for step in (1, 2):
+        plan = make_plan(step)
+        env = alice.generate(plan).envelope
+        alice.train(wpb.TrainRequest(run_id="run-a", step=step, plan=plan, envelopes=[env],
+                                     capabilities=make_table(plan, {"alice": 0.5})))
+        saved.append(Path(alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE)).path))
+    alice.close()
+    sites.workers.pop("alice")
+    meta = json.loads(_state(saved[1]).read_text())
+    assert meta["extra"]["screens"]["version"] == 1
+    meta["extra"]["screens"] = screens
+    meta["digest"] = _meta_digest(meta)
+    _state(saved[1]).write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="hacrl_fed.worker"):
+        again = sites.start("alice")
+    assert again.health().step == 1
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "checkpoint" in r.getMessage()]
+    assert len(warnings) == 1 and str(_state(saved[1])) in warnings[0] and "screen" in warnings[0]
+    assert "\n" not in warnings[0]
+
+
 def test_a_site_of_another_run_refuses_to_start_and_to_evaluate(make_sites, plans):
     make_plan, make_table = plans
     sites = make_sites({"alice": "tiny-llama-bpe"})
