@@ -19,6 +19,7 @@ and line (JSONL) or row (parquet, datasets).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -166,11 +167,16 @@ def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path}: item {i + 1}", item
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+def _parquet_rows(path: Path, max_rows: int | None = None) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        if max_rows is None:
+            table = pq.read_table(path)
+        else:  # only the first batch of max_rows rows is read
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=max_rows), None)
+            table = pa.Table.from_batches([batch]) if batch is not None else pa.table({})
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for corrupt files
         raise DataError(f"{path}: not a readable parquet file: {err}") from None
     for i, row in enumerate(table.to_pylist()):
@@ -182,9 +188,11 @@ def _dataset_rows(ds: Any, label: str) -> Iterator[tuple[str, Any]]:
         yield f"{label}: row {i + 1}", row
 
 
-def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "boxed") -> list[Problem]:
+def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "boxed",
+            max_rows: int | None = None) -> list[Problem]:
     """Load a Hugging Face dataset: a ``save_to_disk`` directory (``Dataset`` or ``DatasetDict``) or
-    a ``load_dataset`` name/path. Raises :class:`DataError` (missing split, load failure, bad row)."""
+    a ``load_dataset`` name/path; only its first ``max_rows`` rows when given. Raises :class:`DataError`
+    (missing split, load failure, bad row)."""
     import datasets
 
     path = Path(name_or_path)
@@ -192,38 +200,45 @@ def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "box
     try:
         if path.is_dir() and any((path / f).exists() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
             ds = datasets.load_from_disk(str(path))
-        else:
-            ds = datasets.load_dataset(name_or_path, split=split)
+        else:   # with max_rows streamed: only the first rows are read, nothing is converted or cached
+            ds = datasets.load_dataset(name_or_path, split=split, streaming=max_rows is not None)
     except Exception as err:  # noqa: BLE001 - datasets raises many types (hub, file, format)
         raise DataError(f"{name_or_path}: could not load dataset (split {split!r}): {err}") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError(f"{name_or_path}: no split {split!r}; available: {', '.join(ds)}")
         ds = ds[split]
+    if max_rows is not None:
+        ds = ds.select(range(min(max_rows, len(ds)))) if isinstance(ds, datasets.Dataset) else ds.take(max_rows)
     return problems_from_rows(_dataset_rows(ds, label), stem=path.name or name_or_path, answer_style=answer_style)
 
 
-def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "train") -> list[Problem]:
+def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "train",
+              max_rows: int | None = None) -> list[Problem]:
     """Load problems from ``.jsonl``, ``.json`` (JSON lines or an array), ``.parquet``, or a
-    ``datasets.save_to_disk`` directory (``split`` picks from a ``DatasetDict``).
+    ``datasets.save_to_disk`` directory (``split`` picks from a ``DatasetDict``); with ``max_rows`` only the
+    first rows (what pre-flight checks: :func:`hacrl_fed.launch.preflight.check_data_rows`; a JSON array is
+    parsed whole, then cut).
 
     Raises :class:`DataError` naming the file and line/row for a missing file, bad JSON, a missing
     column, an empty answer or a duplicate id.
     """
     p = Path(path)
     if p.is_dir():
-        return load_hf(str(p), split, answer_style=answer_style)
+        return load_hf(str(p), split, answer_style=answer_style, max_rows=max_rows)
     if not p.is_file():
         raise DataError(f"{p}: no such data file")
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        rows = _parquet_rows(p)
+        rows = _parquet_rows(p, max_rows)
     elif suffix == ".json":
         rows = _json_rows(p)
     elif suffix in (".jsonl", ".ndjson"):
         rows = _jsonl_rows(p)
     else:
         raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
+    if max_rows is not None:
+        rows = itertools.islice(rows, max_rows)
     problems = problems_from_rows(rows, stem=p.stem, answer_style=answer_style)
     if not problems:
         raise DataError(f"{p}: no problems in file")

@@ -161,3 +161,26 @@ def test_everything_held_out_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", OURS)
     with pytest.raises(DataError, match="no training problems"):
         load_problems(DataConfig(source="file", path=str(path), eval_size=5))
+
+
+def test_the_first_rows_only(tmp_path):
+    """``max_rows`` (pre-flight's bounded look) parses the first rows with the same loader and stops there."""
+    rows = OURS + [{"id": "p3", "q": "no problem column", "a": "1"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    assert core(load_file(path, max_rows=2)) == EXPECTED
+    with pytest.raises(DataError, match=r"d\.jsonl:3: no problem text"):
+        load_file(path, max_rows=3)
+    pq.write_table(pa.Table.from_pylist([{**r, "id": f"{r['id']}-{i}"} for i in range(50) for r in OURS]),
+                   tmp_path / "d.parquet")
+    assert len(load_file(tmp_path / "d.parquet", max_rows=3)) == 3 == len(load_hf(str(_saved(tmp_path)), max_rows=3))
+    (tmp_path / "json-dir").mkdir()
+    write_jsonl(tmp_path / "json-dir" / "train.jsonl", OURS + [{"id": "p3"}])   # a load_dataset directory: streamed
+    assert core(load_hf(str(tmp_path / "json-dir"), max_rows=2)) == EXPECTED
+
+
+def _saved(tmp_path: Path) -> Path:
+    import datasets
+
+    out = tmp_path / "saved"
+    datasets.Dataset.from_list([{**r, "id": f"{r['id']}-{i}"} for i in range(5) for r in OURS]).save_to_disk(str(out))
+    return out
