@@ -38,7 +38,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "site": {"protocol", "v1"},
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
-    "launch": {"atomic", "config", "coordinator", "protocol", "report", "site", "v1", "worker"},
+    "launch": {"atomic", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
     "cli": {"atomic", "config", "launch", "logs", "protocol", "rollout", "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a

@@ -19,7 +19,6 @@ and line (JSONL) or row (parquet, datasets).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import random
@@ -167,16 +166,11 @@ def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path}: item {i + 1}", item
 
 
-def _parquet_rows(path: Path, max_rows: int | None = None) -> Iterator[tuple[str, Any]]:
-    import pyarrow as pa
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        if max_rows is None:
-            table = pq.read_table(path)
-        else:  # only the first batch of max_rows rows is read
-            batch = next(pq.ParquetFile(path).iter_batches(batch_size=max_rows), None)
-            table = pa.Table.from_batches([batch]) if batch is not None else pa.table({})
+        table = pq.read_table(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for corrupt files
         raise DataError(f"{path}: not a readable parquet file: {err}") from None
     for i, row in enumerate(table.to_pylist()):
@@ -191,8 +185,8 @@ def _dataset_rows(ds: Any, label: str) -> Iterator[tuple[str, Any]]:
 def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "boxed",
             max_rows: int | None = None) -> list[Problem]:
     """Load a Hugging Face dataset: a ``save_to_disk`` directory (``Dataset`` or ``DatasetDict``) or
-    a ``load_dataset`` name/path; only its first ``max_rows`` rows when given. Raises :class:`DataError`
-    (missing split, load failure, bad row)."""
+    a ``load_dataset`` name/path; with ``max_rows`` only its first rows (a ``load_dataset`` source streamed:
+    nothing converted or cached). Raises :class:`DataError` (missing split, load failure, bad row)."""
     import datasets
 
     path = Path(name_or_path)
@@ -200,7 +194,7 @@ def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "box
     try:
         if path.is_dir() and any((path / f).exists() for f in ("dataset_dict.json", "dataset_info.json", "state.json")):
             ds = datasets.load_from_disk(str(path))
-        else:   # with max_rows streamed: only the first rows are read, nothing is converted or cached
+        else:
             ds = datasets.load_dataset(name_or_path, split=split, streaming=max_rows is not None)
     except Exception as err:  # noqa: BLE001 - datasets raises many types (hub, file, format)
         raise DataError(f"{name_or_path}: could not load dataset (split {split!r}): {err}") from None
@@ -213,32 +207,27 @@ def load_hf(name_or_path: str, split: str = "train", *, answer_style: str = "box
     return problems_from_rows(_dataset_rows(ds, label), stem=path.name or name_or_path, answer_style=answer_style)
 
 
-def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "train",
-              max_rows: int | None = None) -> list[Problem]:
+def load_file(path: str | Path, *, answer_style: str = "boxed", split: str = "train") -> list[Problem]:
     """Load problems from ``.jsonl``, ``.json`` (JSON lines or an array), ``.parquet``, or a
-    ``datasets.save_to_disk`` directory (``split`` picks from a ``DatasetDict``); with ``max_rows`` only the
-    first rows (what pre-flight checks: :func:`hacrl_fed.launch.preflight.check_data_rows`; a JSON array is
-    parsed whole, then cut).
+    ``datasets.save_to_disk`` directory (``split`` picks from a ``DatasetDict``).
 
     Raises :class:`DataError` naming the file and line/row for a missing file, bad JSON, a missing
     column, an empty answer or a duplicate id.
     """
     p = Path(path)
     if p.is_dir():
-        return load_hf(str(p), split, answer_style=answer_style, max_rows=max_rows)
+        return load_hf(str(p), split, answer_style=answer_style)
     if not p.is_file():
         raise DataError(f"{p}: no such data file")
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        rows = _parquet_rows(p, max_rows)
+        rows = _parquet_rows(p)
     elif suffix == ".json":
         rows = _json_rows(p)
     elif suffix in (".jsonl", ".ndjson"):
         rows = _jsonl_rows(p)
     else:
         raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
-    if max_rows is not None:
-        rows = itertools.islice(rows, max_rows)
     problems = problems_from_rows(rows, stem=p.stem, answer_style=answer_style)
     if not problems:
         raise DataError(f"{p}: no problems in file")
@@ -321,3 +310,38 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
 
 def _restyle(p: Problem, style: str) -> Problem:
     return Problem(p.id, p.problem, p.answer, style, p.source)
+
+
+def peek_problems(path: str | Path, *, answer_style: str = "boxed", split: str = "train", max_rows: int = 32,
+                  hf: bool = False) -> list[Problem]:
+    """The first ``max_rows`` problems of a data source, read and converted by the code :func:`load_file` (or, with
+    ``hf`` or for a directory, :func:`load_hf`) uses, reading only those rows (one batch of a parquet file; a JSON
+    array is parsed whole). What a pre-flight checks before a run starts
+    (:func:`hacrl_fed.launch.preflight.check_data_rows`). Raises :class:`DataError` as those loaders do."""
+    import itertools
+
+    p = Path(path)
+    if hf or p.is_dir():
+        return load_hf(str(p) if p.is_dir() else str(path), split, answer_style=answer_style, max_rows=max_rows)
+    if not p.is_file():
+        raise DataError(f"{p}: no such data file")
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            batch = next(pq.ParquetFile(p).iter_batches(batch_size=max_rows), None)
+        except Exception as err:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+            raise DataError(f"{p}: not a readable parquet file: {err}") from None
+        rows: Iterable[tuple[str, Any]] = [(f"{p}: row {i + 1}", row)
+                                           for i, row in enumerate(batch.to_pylist() if batch is not None else [])]
+    elif suffix == ".json":
+        rows = _json_rows(p)
+    elif suffix in (".jsonl", ".ndjson"):
+        rows = _jsonl_rows(p)
+    else:
+        raise DataError(f"{p}: unsupported data file type {suffix!r} (use .jsonl, .json, .parquet or a dataset dir)")
+    problems = problems_from_rows(itertools.islice(rows, max_rows), stem=p.stem, answer_style=answer_style)
+    if not problems:
+        raise DataError(f"{p}: no problems in file")
+    return problems

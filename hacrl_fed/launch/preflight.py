@@ -2,8 +2,7 @@
 run needs, each failure one line naming the config key and the path (:class:`~hacrl_fed.config.ConfigError`,
 exit code 2).
 
-* :func:`check_data` — the run's problem sources (``run.data.path``, ``run.data.eval_path``) exist, and their
-  first rows parse with the run's own loader (:func:`check_data_rows`);
+* :func:`check_data` — the run's problem sources (``run.data.path``, ``run.data.eval_path``);
 * :func:`check_models` — every agent's model name resolves (no download, no loading);
 * :func:`check_rewards` — every agent's reward functions load;
 * :func:`check_report_to` — what ``run.report_to`` needs is installed;
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, RunConfig, SimulateConfig
 
-__all__ = ["check_data", "check_data_rows", "check_models", "check_report_to", "check_resume", "check_rewards", "check_simulate",
+__all__ = ["check_data", "check_models", "check_report_to", "check_resume", "check_rewards", "check_simulate",
            "check_writable"]
 
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
@@ -36,29 +35,6 @@ def check_data(data: DataConfig, key: str = "run.data") -> None:
     if data.eval_path:
         _exists(data.eval_path, f"{key}.eval_path", "data file")
     check_data_rows(data, key)
-
-
-PREFLIGHT_ROWS = 32
-"""Rows of each data file :func:`check_data_rows` parses."""
-
-
-def check_data_rows(data: DataConfig, key: str = "run.data", rows: int = PREFLIGHT_ROWS) -> None:
-    """The first ``rows`` rows of every local data source the run reads (``path`` of a ``file`` source or of an
-    ``hf`` source written as a path, ``eval_path``) parse with the loader the run itself uses
-    (:mod:`hacrl_fed.data.datasets`), so a file with unknown columns, bad JSON or an unsupported type fails here
-    with the loader's message (file and line) instead of killing the run. Raises ConfigError."""
-    from hacrl_fed.data.datasets import DataError, load_file, load_hf
-
-    sources = []
-    if data.source == "file" or (data.source == "hf" and data.path and data.path.startswith(_PATH_PREFIXES)):
-        sources.append(("path", data.path, load_hf if data.source == "hf" else load_file))
-    if data.eval_path:
-        sources.append(("eval_path", data.eval_path, load_file))
-    for field, path, load in sources:
-        try:
-            load(os.path.expanduser(path), split=data.split, answer_style=data.answer_style, max_rows=rows)
-        except DataError as err:
-            raise ConfigError(f"{key}.{field}: {' '.join(str(err).split())}") from None
 
 
 def _exists(path: str | None, key: str, what: str) -> None:
@@ -143,3 +119,28 @@ def check_resume(run_dir: str | Path) -> None:
         return
     check_data(run)
     check_models(agents)
+
+
+PREFLIGHT_ROWS = 32
+"""Rows of each data source :func:`check_data_rows` reads."""
+
+
+def check_data_rows(data: DataConfig, key: str = "run.data", rows: int = PREFLIGHT_ROWS) -> None:
+    """The first ``rows`` rows of every local data source a run reads (``path`` of a ``file`` source, or of an
+    ``hf`` source written as a path; ``eval_path``) load with the run's own loader
+    (:func:`hacrl_fed.data.datasets.peek_problems`), so a file with unknown columns, bad JSON or an unsupported
+    type stops the command here with the loader's message (file and line) instead of killing the run later.
+    Called by :func:`check_data`. Raises ConfigError naming the key."""
+    from hacrl_fed.data.datasets import DataError, peek_problems
+
+    sources = []
+    if data.source == "file" or (data.source == "hf" and data.path and data.path.startswith(_PATH_PREFIXES)):
+        sources.append(("path", data.path, data.source == "hf"))
+    if data.eval_path:
+        sources.append(("eval_path", data.eval_path, False))
+    for field, path, hf in sources:
+        try:
+            peek_problems(os.path.expanduser(path or ""), answer_style=data.answer_style, split=data.split,
+                          max_rows=rows, hf=hf)
+        except DataError as err:
+            raise ConfigError(f"{key}.{field}: {' '.join(str(err).split())}") from None

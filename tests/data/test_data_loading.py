@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hacrl_fed.config import DataConfig
-from hacrl_fed.data.datasets import DataError, Problem, load_file, load_hf, load_problems, split_held_out
+from hacrl_fed.data.datasets import DataError, Problem, load_file, load_hf, load_problems, peek_problems, split_held_out
 
 OURS = [
     {"id": "p1", "problem": "What is 2 + 2?", "answer": "4", "source": "toy"},
@@ -164,18 +164,21 @@ def test_everything_held_out_is_an_error(tmp_path):
 
 
 def test_the_first_rows_only(tmp_path):
-    """``max_rows`` (pre-flight's bounded look) parses the first rows with the same loader and stops there."""
+    """``peek_problems`` (pre-flight's bounded look) parses the first rows with the loaders' code and stops there."""
     rows = OURS + [{"id": "p3", "q": "no problem column", "a": "1"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    assert core(load_file(path, max_rows=2)) == EXPECTED
+    assert core(peek_problems(path, max_rows=2)) == EXPECTED
     with pytest.raises(DataError, match=r"d\.jsonl:3: no problem text"):
-        load_file(path, max_rows=3)
+        peek_problems(path, max_rows=3)
     pq.write_table(pa.Table.from_pylist([{**r, "id": f"{r['id']}-{i}"} for i in range(50) for r in OURS]),
                    tmp_path / "d.parquet")
-    assert len(load_file(tmp_path / "d.parquet", max_rows=3)) == 3 == len(load_hf(str(_saved(tmp_path)), max_rows=3))
+    assert len(peek_problems(tmp_path / "d.parquet", max_rows=3)) == 3 == len(peek_problems(_saved(tmp_path),
+                                                                                            max_rows=3))
     (tmp_path / "json-dir").mkdir()
     write_jsonl(tmp_path / "json-dir" / "train.jsonl", OURS + [{"id": "p3"}])   # a load_dataset directory: streamed
-    assert core(load_hf(str(tmp_path / "json-dir"), max_rows=2)) == EXPECTED
+    assert core(peek_problems(tmp_path / "json-dir", max_rows=2)) == EXPECTED
+    with pytest.raises(DataError, match="unsupported data file type"):
+        peek_problems(write_jsonl(tmp_path / "d.csv", OURS))
 
 
 def _saved(tmp_path: Path) -> Path:
