@@ -235,7 +235,7 @@ def eval_cmd(
         system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
         stop = rec["stop_strings"] if stop is None else stop
         typer.echo(f"prompt as in training ({path}; flags override): template {template}, system prompt "
-                   f"{system_prompt!r}, stop strings {[s for s in stop if s]}", err=True)
+                   f"\"{system_prompt}\", stop strings {[s for s in stop if s]}", err=True)
     try:
         extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
         model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template or "auto",

@@ -140,14 +140,14 @@ def test_eval_on_an_export_prompts_and_stops_as_training_did(exported, tmp_path)
     assert res.exit_code == 0, res.output
     template = "plain" if json.loads((out / PROMPT_FILE).read_text())["template"] == "plain" else "auto"
     assert f"prompt as in training ({out / PROMPT_FILE}; flags override): template {template}, system prompt " \
-           f"{SYSTEM!r}, stop strings {[stop]!r}" in res.stderr
+           f"\"{SYSTEM}\", stop strings {[stop]!r}" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["responses"][0] for r in rows] == [g.text for g in trained]
     assert [r["finish_reasons"][0] for r in rows] == [g.finish_reason for g in trained]
     res = runner.invoke(app, ["eval", "--model", str(out), "--data", str(data), "--max-new-tokens", "4", "--json",
                               "--system-prompt", "Other.", "--stop", "", "--template", "plain"])
     assert res.exit_code == 0, res.output
-    assert "template plain, system prompt 'Other.', stop strings []" in res.stderr
+    assert 'template plain, system prompt "Other.", stop strings []' in res.stderr
 
 
 def test_eval_names_a_broken_prompt_file_with_exit_2(tmp_path):
