@@ -146,7 +146,8 @@ def _readme_invocations() -> list[list[str]]:
     inline code (the Commands table, synopses); ``[--opt X]`` brackets and ``...`` dropped."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     found = []
-    snippets = [line for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL) for line in block.splitlines()]
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
+    snippets = [line for block in blocks for line in block.splitlines()]
     snippets += re.findall(r"`(hacrl-fed [^`]*)`", text)
     for snippet in snippets:
         for part in re.split(r"&&|\|\||;|\|", snippet):
