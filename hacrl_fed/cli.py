@@ -183,7 +183,8 @@ def _worker_logging() -> None:
 
 def eval_cmd(
     model: str = typer.Option(..., "--model", help="Hub id, local directory, .gguf file or alias (smollm2-135m-instruct)."),
-    data: Path = typer.Option(..., "--data", help="JSONL/parquet with fields id, problem, answer."),
+    data: Path = typer.Option(..., "--data", help="Problems: .jsonl, .json or .parquet with the columns problem "
+                              "(or question, prompt) and answer (or solution), id optional."),
     samples: int = typer.Option(1, "--samples", min=1, help="k responses per problem (avg@k, pass@k)."),
     out: Path | None = typer.Option(None, "--out", help="Per-problem results (JSONL, written atomically)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Generation cap per response."),
@@ -196,9 +197,15 @@ def eval_cmd(
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed draws the same responses."),
     device: str = typer.Option("cpu", "--device", help="Where the model runs: cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-    template: str = typer.Option("auto", "--template", help="auto (chat template if any) | plain"),
-    system_prompt: str | None = typer.Option(None, "--system-prompt", help="Instruction before every problem "
-                                             "(default: the training default, asking for a \\boxed{} answer)."),
+    template: str | None = typer.Option(None, "--template", help="auto (chat template if any) | plain. Default: "
+                                        "the template an export was trained with (its hacrl_fed_prompt.json), "
+                                        "else auto."),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="Instruction before every problem. "
+                                             "Default: the system prompt an export was trained with, else the "
+                                             "training default (asking for a \\boxed{} answer)."),
+    stop: list[str] | None = typer.Option(None, "--stop", help="A string that ends a response (repeat for more; "
+                                          "--stop '' for none). Default: an export's stop strings, else the "
+                                          "template's (\"\\nQuestion:\" under the plain template)."),
     answer_style: str | None = typer.Option(None, "--answer-style", help="boxed | gsm8k (default: from the data)"),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
@@ -216,16 +223,29 @@ def eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
+    from hacrl_fed.worker.evaluate import saved_prompt
+
+    try:
+        saved = saved_prompt(model)              # how an export was prompted in training, if it says
+    except ValueError as err:
+        fail(_one_line(err))
+    if saved is not None:
+        path, rec = saved
+        template = template or ("plain" if rec["template"] == "plain" else "auto")
+        system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
+        stop = rec["stop_strings"] if stop is None else stop
+        typer.echo(f"prompt as in training ({path}; flags override): template {template}, system prompt "
+                   f"\"{system_prompt}\", stop strings {[s for s in stop if s]}", err=True)
     try:
         extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
-        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template, engine=engine,
-                                **extra)
+        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template or "auto",
+                                engine=engine, stop=None if stop is None else [s for s in stop if s], **extra)
     except ValidationError as err:
         fail(format_validation_error(err, "options").replace("\n", "; "))
     if not data.is_file():
         fail(f"{data}: no such data file")
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import run_eval
+    from hacrl_fed.worker.evaluate import DataError, run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:
@@ -233,7 +253,7 @@ def eval_cmd(
                             top_p=top_p, max_new_tokens=max_new_tokens)
         summary = run_eval(model_cfg, str(data), samples=samples, out=str(out) if out else None, sampling=sampling,
                            limit=limit, seed=seed, answer_style=answer_style, max_batch_sequences=batch_size)
-    except ModelNotFoundError as err:
+    except (ModelNotFoundError, DataError) as err:   # DataError: a bad data file, found before the model loads
         fail(_one_line(err))
     except (ModelLoadError, ValueError, OSError, RuntimeError) as err:   # RuntimeError: vLLM's own failures
         fail(_one_line(err), code=1)
@@ -344,7 +364,9 @@ def simulate_cmd(
                                        "examples/default.toml). Paths inside are relative to the current directory."),
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Override run.output_dir (runs/)."),
     run_name: str | None = typer.Option(None, "--run-name", help="Run directory name and run id (default: "
-                                        "<run.run_id>-<time>); the run id also seeds the agents' sampling."),
+                                        "run.run_id and the start time, e.g. hacrl-demo-20261202-044815). Sampling "
+                                        "does not depend on it: the seeds come from run.seed, the step and the "
+                                        "agent."),
     tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication on loopback (sets tls = true)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory (configs and keys inside)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress display."),

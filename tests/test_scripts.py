@@ -49,3 +49,60 @@ def test_setup_refuses_an_old_python_with_one_line(tmp_path):
     res = subprocess.run([str(ROOT / "scripts" / "test"), "--co"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2 and "needs Python >= 3.11" in res.stderr and not (tmp_path / "venv").exists()
+
+
+def test_setup_says_what_each_step_does_and_how_long_it_takes(tmp_path):
+    """Every step that runs prints one line with its expected duration before it starts and one with the time it
+    took, and pip is not silenced (its progress is the sign of life during a long download). A fake interpreter
+    records what pip is asked to do; nothing is installed."""
+    log = tmp_path / "pip.log"
+    fake = tmp_path / "python3"
+    fake.write_text(f"""#!/bin/sh
+case "$1" in
+  -c) exit 0 ;;                                   # the version check
+  -) cat > /dev/null; exit 1 ;;                   # _installed: nothing is installed
+  -m) if [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; exit 0; fi
+      shift 2; echo "$*" >> {log}; echo "pip progress"; exit 0 ;;
+esac
+exit 1
+""")
+    fake.chmod(0o755)
+    env = os.environ | {"HACRL_VENV": str(tmp_path / "venv"), "PYTHON": str(fake)}
+    res = subprocess.run(["bash", "-c", f'. "{ROOT / "scripts" / "setup.sh"}" && hacrl_setup && echo ok'],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr    # pip's output goes to stderr
+    lines = res.stderr.splitlines()
+    starts = [line for line in lines if re.match(r"setup: step \d/4: ", line)]
+    assert [line.split()[2] for line in starts] == ["1/4:", "2/4:", "3/4:", "4/4:"], lines
+    for line in starts:
+        assert re.search(r"≈ [\d–]+ (s|min)\)", line), f"no expected duration: {line}"
+    assert [line for line in lines if re.match(r"setup: step \d/4 done in \d+ s$", line)] and \
+        len([line for line in lines if " done in " in line and "step" in line]) == 4
+    assert lines.count("pip progress") == 4
+    calls = log.read_text().splitlines()
+    assert len(calls) == 4 and not any("--quiet" in c or " -q" in c for c in calls), calls
+
+
+def _minutes(text: str) -> set[float]:
+    """The durations in minutes that ``text`` states: ``≈ 4 min``, ``about 20 minutes``, ``22 min measured``,
+    ``about a minute``."""
+    found = {float(m) for m in re.findall(r"(?:≈|~|about)\s*(\d+(?:\.\d+)?)\s*min", text)}
+    found |= {float(m) for m in re.findall(r"(\d+(?:\.\d+)?)\s*min measured", text)}
+    return found | ({1.0} if re.search(r"about a minute", text) else set())
+
+
+def test_the_examples_state_the_times_the_readme_gives():
+    """The header of an example config that says how long it runs says what README.md's table of configs says
+    (default.toml said ≈ 10 minutes where the README measured 4)."""
+    table = README.split("Configs (`examples/`):", 1)[1].split("\n\n", 2)[1]
+    checked = 0
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        name = re.match(r"`([^`]+\.toml)`", cells[0]).group(1)
+        header = "".join(line for line in (ROOT / "examples" / name).read_text(encoding="utf-8").splitlines(True)
+                         if line.startswith("#"))
+        claimed = _minutes(header)
+        if claimed:
+            assert claimed <= _minutes(cells[-1]), f"examples/{name} says {claimed} min, README.md: {cells[-1]}"
+            checked += 1
+    assert checked >= 3

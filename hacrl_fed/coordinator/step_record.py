@@ -367,5 +367,6 @@ def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str
             agents[name] = {"error": "unreadable EvaluateResponse"}
             continue
         agents[name] = bounded_metrics(dict(res.metrics)) | (task_scores(res.results, tasks) if tasks else {})
-        log.info("eval after step %d: %s %s", step, name, " ".join(f"{k}={v:.3f}" for k, v in sorted(agents[name].items())))
+        log.info("eval %s: %s %s", "before training" if step == 0 else f"after step {step}", name,
+                 " ".join(f"{k}={v:.3f}" for k, v in sorted(agents[name].items())))
     return {"event": "eval", "run_id": run_id, "step": step, "prompts": prompts, "agents": agents}

@@ -11,11 +11,20 @@ otherwise a plain completion template for base models::
 
 The plain template is preceded by the tokenizer's BOS token when it has one; chat templates add
 their own BOS (Hugging Face encodes rendered chat text with ``add_special_tokens=False``).
+
+An exported model carries how it was prompted (:func:`prompt_record`, written by
+:func:`hacrl_fed.worker.checkpoint.export_hf` as :data:`PROMPT_FILE`): the template kind, the system prompt,
+the stop strings and an example. A model trained under the plain template is exported with
+:data:`PLAIN_CHAT_TEMPLATE` as its tokenizer's chat template, so ``apply_chat_template([system, user],
+add_generation_prompt=True)`` renders exactly the plain prompt; hacrl-fed recognises that template by its
+marker and keeps treating the model as a plain-template one (its stop string, its response separator).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from pathlib import Path
+from typing import Any, Literal
 
 from jinja2.exceptions import TemplateError
 
@@ -27,25 +36,69 @@ PLAIN_STOP_STRINGS = ("\nQuestion:",)
 
 Template = Literal["auto", "plain"]
 
+PLAIN_TEMPLATE_MARKER = "hacrl-fed plain template"
+"""Marks :data:`PLAIN_CHAT_TEMPLATE`: a tokenizer whose chat template holds it is a plain-template model."""
+
+PLAIN_CHAT_TEMPLATE = (
+    "{#- " + PLAIN_TEMPLATE_MARKER + " (hacrl_fed.data.prompts): BOS, then '{system}\\n\\nQuestion: {problem}"
+    "\\nAnswer:' -#}\n"
+    "{%- if bos_token %}{{ bos_token }}{% endif -%}\n"
+    "{%- for message in messages -%}\n"
+    "{%- if message['role'] == 'system' -%}\n"
+    "{%- if message['content'] %}{{ message['content'] + '\\n\\n' }}{% endif -%}\n"
+    "{%- elif message['role'] == 'user' -%}\n"
+    "{{ 'Question: ' + message['content'] + '\\n' }}\n"
+    "{%- elif message['role'] == 'assistant' -%}\n"
+    "{{ 'Answer: ' + message['content'] + '\\n' }}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt %}{{ 'Answer:' }}{% endif -%}\n"
+)
+"""A chat template that renders :data:`PLAIN_TEMPLATE` (system message, then ``Question: …`` per user turn,
+``Answer: …`` per assistant turn, ``Answer:`` as the generation prompt), given to the export of a model
+trained under the plain template so that ``apply_chat_template`` reproduces its training prompt."""
+
+PROMPT_FILE = "hacrl_fed_prompt.json"
+"""The file in an exported model directory that says how the model was prompted in training
+(:func:`prompt_record`; README, "Using an exported model")."""
+
+PROMPT_FORMAT = "hacrl-fed-prompt/1"
+"""The ``format`` of :data:`PROMPT_FILE`."""
+
+EXAMPLE_PROBLEM = "Calculate 2 + 3."
+"""The problem of the rendered example in :data:`PROMPT_FILE`."""
+
+
+def is_plain_chat_template(tokenizer) -> bool:
+    """The tokenizer's chat template is :data:`PLAIN_CHAT_TEMPLATE` (an export of a plain-template model)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and PLAIN_TEMPLATE_MARKER in template
+
 
 def _uses_chat_template(tokenizer, template: str) -> bool:
     if template not in ("auto", "plain"):
         raise ValueError(f"template must be 'auto' or 'plain', got {template!r}")
-    return template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+    return (template == "auto" and bool(getattr(tokenizer, "chat_template", None))
+            and not is_plain_chat_template(tokenizer))
+
+
+def _chat_render(tokenizer, problem: str, system_prompt: str) -> tuple[list[dict[str, str]], str]:
+    """``(messages, text)``: [system, user] rendered with the chat template and its generation prompt, or — for a
+    template that rejects a system role (some raise on it) — one user turn with the system prompt folded in
+    before the problem."""
+    user = {"role": "user", "content": problem}
+    messages = [{"role": "system", "content": system_prompt}, user] if system_prompt else [user]
+    try:
+        return messages, tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except TemplateError:  # raised by templates without a system role
+        if not system_prompt:
+            raise
+        merged = [{"role": "user", "content": f"{system_prompt}\n\n{problem}"}]
+        return merged, tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=False)
 
 
 def _chat_text(tokenizer, problem: str, system_prompt: str) -> str:
-    """Render [system?, user] with the chat template; fold the system prompt into the user turn when the
-    template rejects a system role (some templates raise on it)."""
-    user = {"role": "user", "content": problem}
-    if not system_prompt:
-        return tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
-    try:
-        return tokenizer.apply_chat_template([{"role": "system", "content": system_prompt}, user],
-                                             add_generation_prompt=True, tokenize=False)
-    except TemplateError:  # raised by templates without a system role
-        merged = {"role": "user", "content": f"{system_prompt}\n\n{problem}"}
-        return tokenizer.apply_chat_template([merged], add_generation_prompt=True, tokenize=False)
+    return _chat_render(tokenizer, problem, system_prompt)[1]
 
 
 def _plain_text(problem: str, system_prompt: str) -> str:
@@ -147,3 +200,57 @@ def render_prompt(tokenizer, problem: str, *, system_prompt: str, template: Temp
     if max_tokens is not None and len(ids) > max_tokens:
         ids = ids[-max_tokens:]
     return ids
+
+
+def prompt_record(tokenizer, *, system_prompt: str, template: Template = "auto", stop: list[str] | None = None,
+                  eos_token_ids=()) -> dict[str, Any]:
+    """How a model is prompted in training, as :data:`PROMPT_FILE` holds it (JSON-ready).
+
+    Keys: ``format`` (:data:`PROMPT_FORMAT`); ``template`` (``"chat"``: the tokenizer's chat template;
+    ``"plain"``: :data:`PLAIN_TEMPLATE` after the BOS, which the export's chat template renders too);
+    ``system_prompt``; ``stop_strings`` (a response ends before the first of them; :func:`stop_strings`);
+    ``eos_token_ids`` (every id that ends a response); ``response_separator`` (what a response's text follows
+    the prompt with); ``plain_template`` (the format string, or null for ``chat``); ``messages`` (what
+    ``apply_chat_template(messages, add_generation_prompt=True)`` takes to render the prompt of
+    :data:`EXAMPLE_PROBLEM`: [system, user], or one user turn with the system prompt folded in when the template
+    has no system role) and ``prompt`` (that rendered text, special tokens written out).
+    Raises ``ValueError`` for an unknown template name.
+    """
+    chat = _uses_chat_template(tokenizer, template)
+    if chat:
+        messages, text = _chat_render(tokenizer, EXAMPLE_PROBLEM, system_prompt)
+    else:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+                   [{"role": "user", "content": EXAMPLE_PROBLEM}]
+        text = render_prompt_text(tokenizer, EXAMPLE_PROBLEM, system_prompt=system_prompt, template="plain")
+    return {
+        "format": PROMPT_FORMAT,
+        "template": "chat" if chat else "plain",
+        "system_prompt": system_prompt,
+        "stop_strings": stop_strings(tokenizer, template, stop),
+        "eos_token_ids": [int(t) for t in eos_token_ids],
+        "response_separator": response_separator(tokenizer, template),
+        "plain_template": None if chat else PLAIN_TEMPLATE,
+        "example": {"problem": EXAMPLE_PROBLEM, "messages": messages, "prompt": text},
+    }
+
+
+def read_prompt_file(model_dir: str | Path) -> dict[str, Any] | None:
+    """The :data:`PROMPT_FILE` of an exported model directory, or ``None`` when ``model_dir`` is not a
+    directory or has none. Raises ``ValueError`` (one line naming the file) for a file that is not a
+    :data:`PROMPT_FORMAT` record with the keys ``hacrl-fed eval`` reads."""
+    path = Path(model_dir).expanduser() / PROMPT_FILE
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable JSON file: {err}") from None
+    if not isinstance(rec, dict) or rec.get("format") != PROMPT_FORMAT:
+        raise ValueError(f"{path}: not a {PROMPT_FORMAT} record (format: "
+                         f"{rec.get('format') if isinstance(rec, dict) else None!r})")
+    stops = rec.get("stop_strings")
+    if rec.get("template") not in ("chat", "plain") or not isinstance(rec.get("system_prompt"), str) or \
+            not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+        raise ValueError(f"{path}: needs template 'chat' or 'plain', a system_prompt string and a stop_strings list")
+    return rec

@@ -277,8 +277,8 @@ def run_simulation(cfg: SimulateConfig | None = None, *, output_dir: str | Path 
                    progress: bool = True) -> SimulationResult:
     """Run (or, with ``resume``, continue) a simulated federation end to end; see the module docstring.
 
-    ``run_name`` names the run directory and the run id (default ``<run.run_id>-<time>``; the run id
-    seeds the agents' sampling, so equal names give equal first-step samples). Returns the result
+    ``run_name`` names the run directory and the run id (default ``<run.run_id>-<time>``; sampling does not
+    depend on it: its seeds derive from ``run.seed``, the step and the agent). Returns the result
     once every process is stopped; ``exit_code`` is 0 when the run completed,
     128 + signal number after Ctrl-C/SIGTERM, 1 when the run ended otherwise. Raises ConfigError
     for a bad configuration or run directory and SimulationError (with the log tail) when a

@@ -208,7 +208,8 @@ class SimulationView:
         self._done(key)
         accs = " | ".join(f"{n} {m['error']}" if "error" in m else f"{n} {_num(m.get('avg@1'), '.3f')}"
                           for n, m in sorted(rec.get("agents", {}).items()))
-        self.message(f"held-out accuracy after step {step} ({rec.get('prompts', 0)} problems, greedy, "
+        when = "before training" if step == 0 else f"after step {step}"
+        self.message(f"held-out accuracy {when} ({rec.get('prompts', 0)} problems, greedy, "
                      f"{rec.get('eval_s', 0):.0f} s): {accs}")
         if step < self.steps:
             self._task("steps", "steps", total=self.steps, completed=step)

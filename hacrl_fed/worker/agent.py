@@ -19,7 +19,7 @@ from typing import Any
 
 from hacrl_fed.algo.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
-from hacrl_fed.data.prompts import render_prompt, response_separator, stop_strings
+from hacrl_fed.data.prompts import prompt_record, render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.reward import Verifier
@@ -30,7 +30,7 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
 from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, export_hf
-from hacrl_fed.rollout.engine import Sampling
+from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
@@ -460,7 +460,8 @@ class AgentWorker:
                                      max_prompt_tokens=m.max_prompt_tokens,
                                      chunk_prompts=max(1, self.engine.max_batch_sequences // k))
         resp = wpb.EvaluateResponse(metrics=summarize(results))
-        log.info("held-out evaluation after step %d: %s", self.trainer.step,
+        log.info("held-out evaluation %s: %s",
+                 "before training" if self.trainer.step == 0 else f"after step {self.trainer.step}",
                  " ".join(f"{k}={v:.3f}" for k, v in sorted(resp.metrics.items())))
         for r in results:
             resp.results.add(prompt_id=r.prompt_id, correct=r.correct, total=r.total)
@@ -486,7 +487,11 @@ class AgentWorker:
             step = self.trainer.step
             if export:
                 out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
-                return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out)), step=step)
+                m = self.cfg.model
+                prompt = prompt_record(self.tokenizer, system_prompt=m.system_prompt, template=m.chat_template,
+                                       stop=m.stop, eos_token_ids=eos_token_ids(self.model, self.tokenizer))
+                return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out, prompt=prompt)),
+                                              step=step)
             path = self._save(req.path)
             detail_log.info("step %d checkpoint saved: %s", step, path)
             return wpb.CheckpointResponse(path=str(path), step=step)

@@ -347,9 +347,21 @@ def _verified_meta(d: Path) -> dict:
     return meta
 
 
-def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
+def export_hf(model, tokenizer, out_dir: str | Path, *, prompt: dict[str, Any] | None = None) -> Path:
     """Write the policy as a plain Hugging Face directory (``config.json``, ``model.safetensors``,
     tokenizer files) that loads with ``AutoModelForCausalLM.from_pretrained`` alone.
+
+    ``prompt`` (:func:`hacrl_fed.data.prompts.prompt_record`) is how the model was prompted in training; with it
+    the directory also says so, for plain ``transformers`` and for ``hacrl-fed eval``:
+
+    * ``hacrl_fed_prompt.json``: the record itself (template kind, system prompt, stop strings, EOS ids, an
+      example prompt with its messages);
+    * ``generation_config.json``: ``eos_token_id`` = every id that ended a response in training and
+      ``stop_strings`` = its stop strings, so ``model.generate(..., tokenizer=tokenizer)`` stops where training
+      stopped (generation stops *after* a stop string; the response is the text before it);
+    * the tokenizer's chat template: a model trained under the plain template gets
+      :data:`~hacrl_fed.data.prompts.PLAIN_CHAT_TEMPLATE` (replacing any other), so ``apply_chat_template``
+      renders its training prompt; a chat-template model keeps its own.
 
     A LoRA model is merged into a copy of its base (the live model keeps its adapter). Written to a
     temporary sibling and renamed into place. Raises ``FileExistsError`` if ``out_dir`` exists, is not
@@ -363,9 +375,39 @@ def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        _save_tokenizer(tokenizer, tmp, prompt)
+        if prompt is not None:
+            _save_prompt(plain, tmp, prompt)
         _install_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _save_tokenizer(tokenizer, d: Path, prompt: dict[str, Any] | None) -> None:
+    """The tokenizer files; under a plain-template ``prompt`` with the plain chat template (the live tokenizer is
+    left as it was)."""
+    if prompt is None or prompt.get("template") != "plain":
+        tokenizer.save_pretrained(d)
+        return
+    from hacrl_fed.data.prompts import PLAIN_CHAT_TEMPLATE
+
+    before = tokenizer.chat_template
+    tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+    try:
+        tokenizer.save_pretrained(d)
+    finally:
+        tokenizer.chat_template = before
+
+
+def _save_prompt(model, d: Path, prompt: dict[str, Any]) -> None:
+    """``hacrl_fed_prompt.json`` and a ``generation_config.json`` with training's EOS ids and stop strings."""
+    from hacrl_fed.data.prompts import PROMPT_FILE
+
+    gen = copy.deepcopy(model.generation_config)
+    if prompt.get("eos_token_ids"):
+        gen.eos_token_id = list(prompt["eos_token_ids"])
+    gen.stop_strings = list(prompt["stop_strings"]) or None
+    gen.save_pretrained(d)
+    (d / PROMPT_FILE).write_text(json.dumps(prompt, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_fed.atomic import atomic_write_text
+from hacrl_fed.data.problem import DataError
 
-__all__ = ["EvalItem", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval", "summarize",
-           "write_jsonl"]
+__all__ = ["DataError", "EvalItem", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval",
+           "saved_prompt", "summarize", "write_jsonl"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -188,6 +189,16 @@ def _load_items(data: str, limit: int | None, answer_style: str | None) -> list[
     return [EvalItem(p.id, p.problem, p.answer, p.answer_style) for p in problems]
 
 
+def saved_prompt(model: str) -> tuple[Path, dict[str, Any]] | None:
+    """``(file, record)`` when ``model`` is an exported model directory that says how it was prompted in training
+    (:data:`hacrl_fed.data.prompts.PROMPT_FILE`: template, system prompt, stop strings), else ``None``; the
+    defaults of ``hacrl-fed eval`` for such a model. Raises ``ValueError`` (one line) for an unreadable file."""
+    from hacrl_fed.data.prompts import PROMPT_FILE, read_prompt_file
+
+    rec = read_prompt_file(model)
+    return None if rec is None else (Path(model).expanduser() / PROMPT_FILE, rec)
+
+
 def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, sampling: Any,
              limit: int | None = None, seed: int = 0, answer_style: str | None = None,
              verifier_cfg=None, max_batch_sequences: int = 32, show_progress: bool = True) -> dict[str, float]:
@@ -195,7 +206,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
 
     Generates with the engine ``model_cfg.engine`` names (:func:`~hacrl_fed.worker.engines.build_engine`).
     Returns the summary (see :func:`summarize`) plus ``elapsed_s``; writes per-problem JSONL to
-    ``out`` when given. Raises ``ModelLoadError``, ``ValueError`` (bad data or options), ``OSError``, or
+    ``out`` when given. Raises :class:`~hacrl_fed.data.problem.DataError` (a ``ValueError``: bad data, before the
+    model loads), ``ModelLoadError``, ``ValueError`` (bad options), ``OSError``, or
     ``VLLMUnavailableError`` (before the model loads) for the vllm engine without vllm.
     """
     import tempfile
@@ -206,7 +218,7 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
 
     items = _load_items(data, limit, answer_style)
     if not items:
-        raise ValueError(f"{data}: no problems to evaluate")
+        raise DataError(f"{data}: no problems to evaluate")
     require_engine(model_cfg.engine)                     # before the model loads
     lm = load_model(model_cfg)
     with tempfile.TemporaryDirectory(prefix="hacrl-fed-eval-") as work_dir:

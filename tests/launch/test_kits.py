@@ -3,10 +3,12 @@ create inside the clone is git-ignored, and the local trial config is small and 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -87,3 +89,46 @@ def test_local_trial_is_small_and_stays_on_loopback():
     assert f"--server 127.0.0.1:{cfg.superlink.port}" in readme  # the recipe's sites reach this coordinator
     for model in ("tiny-llama-bpe", "tiny-gemma-unigram"):
         assert f"--model {model}" in readme
+
+
+def _trial_setup_lines() -> list[str]:
+    """The first bash block of server/README.md "Local trial" up to (not including) the long-running server."""
+    text = (ROOT / "server" / "README.md").read_text(encoding="utf-8").split("## Local trial", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", text, flags=re.DOTALL).group(1)
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert lines[-1].startswith("hacrl-fed server "), lines[-1]
+    return lines[:-1]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_local_trial_leaves_the_clone_as_it_found_it(tmp_path):
+    """The trial's set-up, run as written (real `hacrl-fed keys …`) from a copy of the kits, writes only into its
+    scratch directory: nothing in server/ or client/ (a roster.toml copied into client/ used to break
+    test_deployment_kit_configs_are_valid). The scratch directory then holds what both parties need."""
+    clone = tmp_path / "clone"
+    for kit in ("server", "client"):
+        shutil.copytree(ROOT / kit, clone / kit)
+    before = _tree(clone)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "hacrl-fed"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hacrl_fed.cli "$@"\n')
+    shim.chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TMPDIR=str(scratch),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    script = "set -euo pipefail\n" + "\n".join(_trial_setup_lines()) + "\n"
+    res = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _tree(clone) == before, sorted(set(_tree(clone)) ^ set(before))
+    trial = scratch / "hacrl-trial"
+    for made in ("server/local-trial.toml", "server/roster.toml", "server/tls/ca.crt", "server/tls/server.pem",
+                 "client/roster.toml", "client/ca.crt", "client/keys/alice.ed25519.key", "client/keys/bob.node.key"):
+        assert (trial / made).is_file(), made
+    cfg = load_config(trial / "server" / "local-trial.toml", ServerConfig)   # relative to the trial's server/
+    assert cfg.roster == "roster.toml" and cfg.superlink.ca_cert == "tls/ca.crt"

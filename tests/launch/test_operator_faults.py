@@ -5,6 +5,7 @@ SIGKILLed `hacrl-fed server` — each stopped early with one line naming the cau
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -246,6 +247,37 @@ def test_server_with_a_missing_data_file_fails_before_anything_starts(tmp_path, 
     assert result.exit_code == 2, result.output
     lines = _error_lines(result.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: run.data.path: ") and "train.jsonl" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def _unknown_columns(tmp_path) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"q": f"What is {i} + 1?", "a": str(i + 1)}) + "\n" for i in range(40)))
+    return data
+
+
+def test_a_data_file_with_unknown_columns_fails_simulate_before_anything_starts(tmp_path):
+    """Pre-flight parses the first rows with the run's own loader: the cause in one line, exit 2, not a run that
+    dies later without one."""
+    data = _unknown_columns(tmp_path)
+    line = _simulate_tiny_with(tmp_path, 'data = { source = "arithmetic", difficulty = 1, eval_size = 4 }',
+                               f'data = {{ source = "file", path = "{data}", eval_size = 4 }}')
+    assert line == f"error: run.data.path: {data}:1: no problem text: expected a 'problem', 'question' or " \
+                   f"'prompt' column"
+
+
+def test_a_data_file_with_unknown_columns_fails_the_server_before_anything_starts(tmp_path, federation):
+    from hacrl_fed.launch.supervise import free_port
+
+    data = _unknown_columns(tmp_path)
+    cfg = _server_toml(tmp_path, federation, free_port())
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"id": "1", "problem": "1 + 1?", "answer": "2"}\n')
+    cfg.write_text(cfg.read_text() + f'[run.data]\nsource = "file"\npath = "{good}"\neval_path = "{data}"\n')
+    result = runner.invoke(app, ["server", "--config", str(cfg)])
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"error: run.data.eval_path: {data}:1: no problem text")
     assert not (tmp_path / "runs").exists()
 
 

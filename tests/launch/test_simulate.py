@@ -45,13 +45,18 @@ def _simulate(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, str]:
     return proc, marker
 
 
-def _check_export(path: str) -> None:
+def _check_export(path: str, system_prompt: str) -> None:
+    """A plain Hugging Face directory that says how it was prompted (tests/worker/test_export_prompt.py checks the
+    rendering): ``generate`` takes the tokenizer, as a plain-template export's generation config has stop strings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
-    ids = tok("Calculate 2 + 3.", return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
+    prompt = json.loads((Path(path) / "hacrl_fed_prompt.json").read_text(encoding="utf-8"))
+    assert prompt["system_prompt"] == system_prompt
+    ids = tok.apply_chat_template(prompt["example"]["messages"], add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id, tokenizer=tok)
     assert out.shape[1] == ids.shape[1] + 2
 
 
@@ -81,7 +86,7 @@ def test_tiny_simulation_end_to_end(tmp_path):
         assert a["wire_bytes_per_step"] > 0 and a["weight_bytes"] > a["wire_bytes_per_step"]
         assert a["peak_rss_bytes"] > 0 and a["load_s"] > 0
         assert Path(a["export_dir"]).parent == run_dir / name
-        _check_export(a["export_dir"])
+        _check_export(a["export_dir"], next(c.model.system_prompt for c in cfg.agents if c.name == name))
         for s in report["steps"]:
             (peer,) = set(names) - {name}
             assert s["agents"][name]["ratios"][peer] > 0

@@ -139,16 +139,41 @@ def test_flower_files(tmp_path):
         format_node_config({"agent-name": 'x" evil="1'})
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kit_client_configs(root: Path = ROOT) -> list[Path]:
+    """The site configs the client kit ships: ``client/*.toml`` under ``root`` without what the how-tos create
+    beside them (``roster.toml`` …), which the repository's ``.gitignore`` names."""
+    found = sorted((root / "client").glob("*.toml"))
+    names = [f"client/{p.name}" for p in found]
+    try:
+        res = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin"], input="\n".join(names),
+                             capture_output=True, text=True, timeout=30)
+        ignored = set(res.stdout.split()) if res.returncode in (0, 1) else {"client/roster.toml"}
+    except OSError:                      # no git: the one config-like file a how-to puts there
+        ignored = {"client/roster.toml"}
+    return [p for p, name in zip(found, names) if name not in ignored]
+
+
+def test_a_stray_roster_in_the_client_kit_is_not_taken_for_a_site_config(tmp_path):
+    """The local trial used to copy roster.toml into client/, where this check then read it as a site config."""
+    (tmp_path / "client").mkdir()
+    for path in kit_client_configs():
+        (tmp_path / "client" / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "client" / "roster.toml").write_text((ROOT / "server" / "roster.example.toml").read_text())
+    assert [p.name for p in kit_client_configs(tmp_path)] == [p.name for p in kit_client_configs()]
+
+
 def test_deployment_kit_configs_are_valid():
     """The example configs in server/ and client/ load with the current schema."""
     from hacrl_fed.config import ClientConfig, ServerConfig, load_config
     from hacrl_fed.protocol.keys import Roster
 
-    root = Path(__file__).resolve().parents[2]
-    server = load_config(root / "server" / "server.toml", ServerConfig)
+    server = load_config(ROOT / "server" / "server.toml", ServerConfig)
     assert server.superlink.node_auth and not server.superlink.insecure
-    assert len(Roster.load(root / "server" / "roster.example.toml")) == 2
-    clients = sorted((root / "client").glob("*.toml"))
+    assert len(Roster.load(ROOT / "server" / "roster.example.toml")) == 2
+    clients = kit_client_configs()
     assert len(clients) >= 2
     for path in clients:
         cfg = load_config(path, ClientConfig)

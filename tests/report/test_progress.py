@@ -54,3 +54,17 @@ def test_an_exported_agent_line_is_done(tmp_path):
     view.exported("gemma3", str(tmp_path / "export"))
     (task,) = view.progress.tasks
     assert task.finished and task.description == "gemma3: done, model exported"
+
+
+def test_the_evaluation_before_training_is_not_called_after_step_0(tmp_path):
+    out = io.StringIO()
+    cfg = default_config()
+    with SimulationView(cfg, tmp_path, console=Console(file=out, width=200), enabled=False) as view:
+        view.record({"event": "run_start", "step": 0})
+        view.record({"event": "eval", "step": 0, "prompts": 16, "eval_s": 14.2,
+                     "agents": {"gemma3": {"avg@1": 0.625}, "smollm2": {"avg@1": 0.375}}})
+        view.record({"event": "eval", "step": cfg.run.steps, "prompts": 16, "eval_s": 14.0,
+                     "agents": {"gemma3": {"avg@1": 0.8125}, "smollm2": {"avg@1": 0.875}}})
+    text = out.getvalue()
+    assert "held-out accuracy before training (16 problems, greedy, 14 s): gemma3 0.625 | smollm2 0.375" in text
+    assert f"held-out accuracy after step {cfg.run.steps} (16 problems" in text and "after step 0" not in text

@@ -84,3 +84,12 @@ def test_eval_command_errors(tmp_path):
     assert missing.exit_code == 2 and "no such data file" in missing.output
     bad = runner.invoke(app, ["eval", "--model", "x", "--data", str(tmp_path), "--dtype", "float64"])
     assert bad.exit_code == 2 and "dtype" in bad.output
+
+
+def test_eval_on_a_data_file_with_unknown_columns_exits_2_with_one_line(tmp_path):
+    """A bad data file is a usage error (exit 2), found before the model loads; it used to exit 1."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"q": "What is 1 + 1?", "a": "2"}\n')
+    res = CliRunner().invoke(app, ["eval", "--model", "no-such-model-is-loaded", "--data", str(data)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"error: {data}:1: no problem text: expected a 'problem', 'question' or 'prompt' column\n"
