@@ -13,7 +13,8 @@ MAX_BYTES = 64 * 1024
 
 def test_collect_accounts_for_every_reply(federation, plan):
     """Accepted, rejected, error, timeout, duplicate identity and name mismatch — one entry per node; an
-    agent name two nodes claim is an error for both of them."""
+    agent two nodes deliver verified batches for is an error for both of them, a claim without the agent's
+    signature is refused alone."""
     p = plan()
     good = {a: envelope_bytes(honest_batch(p, a), federation.keys[a].own) for a in ("alice", "bob")}
     nodes = [Node(1, "alice"), Node(2, "bob"), Node(3, "mallory"), Node(4, "carol"), Node(5, ""), Node(6, ""),
@@ -32,14 +33,15 @@ def test_collect_accounts_for_every_reply(federation, plan):
         7: Reply(7, delivered("alice", good["bob"])),  # says alice, signed by bob
     }
     accepted, agents = collect_batches(nodes, replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=9)
-    assert accepted == []
+    assert [a.agent for a in accepted] == ["alice"]
     status = {name: (a.status, a.reason) for name, a in agents.items()}
-    assert status == {"alice@1": ("rejected", "duplicate_agent"), "alice@7": ("rejected", "duplicate_agent"),
+    assert status == {"alice": ("accepted", ""), "alice@7": ("rejected", "agent_mismatch"),
                       "bob@2": ("rejected", "duplicate_agent"), "bob@5": ("rejected", "duplicate_agent"),
                       "mallory": ("rejected", "bad_reward"), "carol": ("timeout", "timeout"),
                       "node-6": ("error", "node_error")}
-    assert agents["alice@1"].rows_accepted == 0 and agents["alice@1"].rows_rejected == 6
-    assert agents["alice@1"].bytes_in == 100 and "nodes 1, 7" in agents["alice@1"].detail
+    assert agents["bob@2"].rows_accepted == 0 and agents["bob@2"].rows_rejected == 6
+    assert agents["alice"].bytes_in == 100 and "nodes 2, 5" in agents["bob@2"].detail
+    assert agents["alice@7"].node_id == 7 and "'alice' is node 1" in agents["alice@7"].detail
     assert agents["mallory"].rows_rejected == 6
     del replies[5], replies[7]
     accepted, agents = collect_batches(nodes[:6], replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=9)
