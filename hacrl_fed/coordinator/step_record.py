@@ -375,15 +375,34 @@ def task_scores(results: Sequence[Any], tasks: Mapping[str, str]) -> dict[str, f
 
 
 def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str, step: int,
-                prompts: int, tasks: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The metrics line of one held-out evaluation: per agent (the name each node claims, ``name@node``
-    when two claim one) the worker's bounded metrics or the error; with ``tasks`` (prompt id → task label of
-    the held-out problems, when there is more than one task) also ``task/<label>/accuracy`` per task."""
-    claims = [claimed_agent(node, replies.get(node.node_id)) or f"node-{node.node_id}" for node in nodes]
+                prompts: int, tasks: Mapping[str, str] | None = None,
+                holders: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The metrics line of one held-out evaluation: per agent the worker's bounded metrics or the error; with
+    ``tasks`` (prompt id → task label of the held-out problems, when there is more than one task) also
+    ``task/<label>/accuracy`` per task.
+
+    A reply is filed under an agent's name only from the node that holds the agent's verified identity: the
+    name the node is registered with (SuperNode authentication), or the name it reports when it is the node
+    that delivered that agent's last accepted, signature-verified batch (``holders``: agent → node id). Every
+    other node's reply is filed under ``unverified@<node id>`` (a claimed roster name is logged, never used);
+    two nodes under one name are told apart as ``name@node``."""
+    holders = holders or {}
+    labels = []
+    for node in nodes:
+        claim = claimed_agent(node, replies.get(node.node_id))
+        if node.name or (claim and holders.get(claim) == node.node_id):
+            labels.append(claim)
+            continue
+        labels.append(f"unverified@{node.node_id}")
+        if claim:
+            held = holders.get(claim)
+            log.warning("eval after step %d: node %d says it is %r, but %s: recorded as %s", step, node.node_id,
+                        claim, f"{claim}'s last verified batch came from node {held}" if held is not None else
+                        f"no batch signed by {claim}'s roster key came from it yet", labels[-1])
     agents: dict[str, Any] = {}
-    for node, claim in zip(nodes, claims):
+    for node, label in zip(nodes, labels):
         reply = replies.get(node.node_id)
-        name = claim if claims.count(claim) == 1 else f"{claim}@{node.node_id}"
+        name = label if labels.count(label) == 1 else f"{label}@{node.node_id}"
         if reply is None or reply.error or reply.timed_out or reply.site.evaluation is None:
             agents[name] = {"error": bounded_text(getattr(reply, "error", "")) or "timeout"}
             continue

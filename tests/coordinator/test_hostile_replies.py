@@ -301,10 +301,61 @@ def test_orders_go_to_the_delivering_node_when_names_are_unique(tmp_path, federa
     assert {a: step["agents"][a]["node_id"] for a in ("carol", "alice", "bob")} == {"carol": 1, "alice": 2, "bob": 3}
 
 
-def test_eval_labels_two_nodes_claiming_one_name_apart(tmp_path, federation):
+class PerfectEvaluator(Impostor):
+    """Claims alice (mallory-signed batches) and reports perfect held-out scores as alice."""
+
+    def evaluate(self) -> SiteReply:
+        res = wpb.EvaluateResponse(metrics={"avg@1": 1.0, "problems": 2.0})
+        return SiteReply(agent="alice", evaluation=res.SerializeToString())
+
+
+def _perfect_evals(transport):
+    serve = transport._serve
+
+    def hostile_eval(site, kind, content):
+        if kind == "evaluate" and isinstance(site, PerfectEvaluator):
+            return site.evaluate()
+        return serve(site, kind, content)
+
+    transport._serve = hostile_eval
+    return transport
+
+
+def test_eval_replies_count_only_from_the_node_holding_the_agents_identity(tmp_path, federation):
+    """Both nodes say alice in every reply; the evaluations are filed under alice only from the node that
+    delivered alice's verified batch (also the one before the first step, attributed after it)."""
     k = federation.keys
-    sites = [Impostor("alice", k["mallory"]), FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"])]
+    sites = [PerfectEvaluator("alice", k["mallory"]), FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"])]
+    setup = make_setup(tmp_path, federation, steps=2, held_out=problems(2, offset=50))
+    run_coordinator(setup, _perfect_evals(InProcessTransport(sites, named=False)))
+    lines = strict_lines(setup.metrics_path)
+    evals = [r for r in lines if r["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2]
+    for e in evals:
+        assert set(e["agents"]) == {"alice", "unverified@1", "bob"}
+        assert e["agents"]["alice"]["avg@1"] == 0.25 and e["agents"]["unverified@1"]["avg@1"] == 1.0
+    assert [r["event"] for r in lines][:3] == ["run_start", "eval", "step"]   # the first eval still comes first
+    assert strict_state(setup)["last_eval_step"] == 2
+
+
+def test_an_unnamed_node_claiming_an_absent_agent_is_not_evaluated_as_it(tmp_path, federation):
+    """Issue 25 D7: the real alice is not there; a node that says alice records perfect held-out scores. They
+    are never filed under alice."""
+    k = federation.keys
+    sites = [PerfectEvaluator("alice", k["mallory"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])]
+    setup = make_setup(tmp_path, federation, steps=2, held_out=problems(2, offset=50))
+    run_coordinator(setup, _perfect_evals(InProcessTransport(sites, named=False)))
+    evals = [r for r in strict_lines(setup.metrics_path) if r["event"] == "eval"]
+    assert evals and all(set(e["agents"]) == {"unverified@1", "bob", "carol"} for e in evals)
+    steps = [r for r in strict_lines(setup.metrics_path) if r["event"] == "step"]
+    assert all(r["participants"] == ["bob", "carol"] for r in steps)
+
+
+def test_registered_nodes_are_evaluated_under_their_registered_name(tmp_path, federation):
+    """SuperNode authentication: a node's registered name is its verified identity, before any batch too."""
+    sites = [FakeSite("alice", federation.keys["alice"]), FakeSite("bob", federation.keys["bob"])]
     setup = make_setup(tmp_path, federation, steps=1, held_out=problems(2, offset=50))
-    run_coordinator(setup, InProcessTransport(sites, named=False))
-    first = [r for r in strict_lines(setup.metrics_path) if r["event"] == "eval"][0]
-    assert set(first["agents"]) == {"alice@1", "alice@2", "bob"}
+    run_coordinator(setup, InProcessTransport(sites))
+    lines = strict_lines(setup.metrics_path)
+    assert [r["event"] for r in lines][:3] == ["run_start", "eval", "step"]
+    assert all(set(r["agents"]) == {"alice", "bob"} for r in lines if r["event"] == "eval")

@@ -4,7 +4,8 @@ error, timeout), and an agent's label comes from its verified signer, never from
 from __future__ import annotations
 
 from hacrl_fed.coordinator.rounds import Node, Reply
-from hacrl_fed.coordinator.step_record import collect_batches
+from hacrl_fed.coordinator.step_record import collect_batches, eval_record
+from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.protocol.site_reply import SiteReply
 from hostile import HOSTILE, envelope_bytes, honest_batch
 
@@ -62,3 +63,16 @@ def test_reported_names_that_are_not_agent_names_are_not_used_as_labels(federati
     replies = {9: Reply(9, SiteReply(agent="x" * 500, envelope=b"junk"))}
     _, agents = collect_batches([Node(9, "")], replies, federation.roster, p, max_bytes=MAX_BYTES, timeout_s=1)
     assert list(agents) == ["node-9"] and agents["node-9"].reason == "malformed"
+
+
+def test_eval_results_are_filed_only_under_a_verified_identity():
+    """A registered name, or the node that delivered the agent's last verified batch (``holders``); any other
+    node that says it is alice is ``unverified@<node>``."""
+    res = wpb.EvaluateResponse(metrics={"avg@1": 1.0}).SerializeToString()
+    nodes = [Node(1, ""), Node(2, ""), Node(3, "bob"), Node(4, "")]
+    replies = {n: Reply(n, SiteReply(agent=a, evaluation=res)) for n, a in ((1, "alice"), (2, "alice"), (3, "bob"),
+                                                                            (4, "carol"))}
+    record = eval_record(nodes, replies, run_id="r", step=0, prompts=1, holders={"alice": 2, "carol": 9})
+    assert set(record["agents"]) == {"unverified@1", "alice", "bob", "unverified@4"}
+    record = eval_record(nodes, replies, run_id="r", step=0, prompts=1)
+    assert set(record["agents"]) == {"unverified@1", "unverified@2", "bob", "unverified@4"}
