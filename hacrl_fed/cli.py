@@ -133,11 +133,16 @@ def worker_cmd(
     status_file: Path | None = typer.Option(None, "--status-file", help="Keep the worker's current phase here "
                                             "(JSON: loading, generating with tokens/s, training k/M …)."),
     engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP + " Overrides agent.model.engine."),
+    token_file: Path | None = typer.Option(None, "--token-file",
+                                           help="The site's worker token: every call to this worker must carry it. "
+                                                "Read from this file, or written there (mode 0600) when it does not "
+                                                "exist; default <output_dir>/<agent>/worker.token. Give the same "
+                                                "file to `hacrl-fed client --worker-token-file`."),
 ) -> None:
     """Advanced: run only the site's agent worker (the process that owns the model).
 
     For a worker in a GPU container or another Python environment; `hacrl-fed client --worker-address`
-    attaches a site to it."""
+    attaches a site to it (with the token of --token-file: every call must carry it)."""
     from hacrl_fed.config import ClientConfig, ConfigError, load_config, parse_config
 
     try:
@@ -167,7 +172,8 @@ def worker_cmd(
     _worker_logging()
     try:
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
-                   resume=not no_resume, status_file=str(status_file) if status_file else None)
+                   resume=not no_resume, status_file=str(status_file) if status_file else None,
+                   token_file=str(token_file) if token_file else None)
     except (ModelNotFoundError, KeyFileError, RosterError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
@@ -308,6 +314,12 @@ def client_cmd(
     output_dir: Path | None = typer.Option(None, "--output-dir", help="Override output_dir."),
     worker_address: str | None = typer.Option(None, "--worker-address",
                                               help="Attach to a running worker (loopback/unix) instead of starting one."),
+    worker_token_file: Path | None = typer.Option(None, "--worker-token-file",
+                                                  help="The worker token file (mode 0600) every call to the worker "
+                                                       "carries: with --worker-address the file that worker uses "
+                                                       "(`hacrl-fed worker --token-file`), else where this client "
+                                                       "writes a fresh one. Default "
+                                                       "<output_dir>/<agent>/worker.token."),
     run_id: str | None = typer.Option(None, "--run-id", help="The coordinator's run id (run_id): refuse to start "
                                       "with checkpoints of another run."),
     engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP + " Overrides agent.model.engine; with "
@@ -351,7 +363,8 @@ def client_cmd(
     from hacrl_fed.atomic import LockedError
 
     try:
-        code = run_client(cfg, port=port, worker_address=worker_address)
+        code = run_client(cfg, port=port, worker_address=worker_address,
+                          worker_token_file=worker_token_file.absolute() if worker_token_file else None)
     except (ConfigError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except OSError as err:

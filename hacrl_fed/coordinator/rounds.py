@@ -22,6 +22,9 @@ The Flower ServerApp supplies a Transport over ``Grid`` (:mod:`hacrl_fed.flower.
 tests supply an in-process one. Agents that time out, error or deliver a rejected batch are left
 out of the step, with the reason in the log and the metrics; the step proceeds with at least
 ``min_agents`` valid batches, otherwise it is recorded as skipped.
+
+Held-out evaluation replies are unsigned: they count for an agent only from its registered node or from
+the node that delivered its last accepted batch (:class:`Identities`); others are ``unverified@<node>``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
 
-__all__ = ["Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
+__all__ = ["Identities", "Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
 
@@ -105,6 +108,22 @@ class Transport(Protocol):
         """Send every order (TTL ``timeout_s``); return a Reply for every order's node, missing ones
         ``timed_out`` after ``timeout_s``. Never raises for a misbehaving node."""
         ...
+
+
+@dataclass
+class Identities:
+    """Which node speaks for which agent, as this coordinator process verified it (held-out evaluation
+    replies are unsigned: they count only from such a node)."""
+
+    holders: dict[str, int] = field(default_factory=dict)
+    """Agent → id of the node that delivered its last accepted batch (signed by the agent's roster key)."""
+    held_eval: dict[str, Any] | None = None
+    """An evaluation answered before any batch was verified here (unnamed nodes): its replies are attributed,
+    and its metrics line written, once the next step's batches are (:func:`_flush_eval`)."""
+
+    def verified(self, accepted: Sequence[Any], agents: Mapping[str, AgentStep]) -> None:
+        for item in accepted:
+            self.holders[item.agent] = agents[item.agent].node_id
 
 
 class Sampler(Protocol):
@@ -181,12 +200,14 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
                                     "roster": sorted(setup.roster)})
     log.info("%s run %s after step %d of %d", "resuming" if resumed else "starting", run.run_id, state.step, run.steps)
     _wait_for_agents(setup, transport, want=len(setup.roster), patience_s=run.join_timeout_s)
-    _maybe_evaluate(setup, transport, state, metrics)
+    ids = Identities()
+    _maybe_evaluate(setup, transport, state, metrics, ids)
     prefetched: dict[int, Reply] = {}
     notices: dict[int, str] = {}
     while state.step < run.steps:
-        prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched, notices)
-        _maybe_evaluate(setup, transport, state, metrics)
+        prefetched = _run_step(setup, transport, tracker, state, metrics, prefetched, notices, ids)
+        _maybe_evaluate(setup, transport, state, metrics, ids)
+    _flush_eval(setup, state, metrics, ids)
     _commit(setup, state, metrics, _run_end(state, metrics))
     if board is not None:
         board.close()
@@ -263,10 +284,12 @@ def _worker_s(replies: Mapping[int, Reply], timeout_s: float) -> float:
 
 
 def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, state: CoordinatorState,
-              metrics: MetricsLog, prefetched: Mapping[int, Reply], notices: dict[int, str]) -> dict[int, Reply]:
+              metrics: MetricsLog, prefetched: Mapping[int, Reply], notices: dict[int, str],
+              ids: Identities) -> dict[int, Reply]:
     """One step (module docstring). Returns the generate replies already received for the next step.
 
-    ``notices`` (node id → text) holds what each site is to be told with its next order; it is updated."""
+    ``notices`` (node id → text) holds what each site is to be told with its next order; it is updated.
+    ``ids`` learns which node delivered each accepted batch (and writes an evaluation held for that)."""
     run, clock = setup.run, setup.clock
     t_start = clock()
     nodes = _wait_for_agents(setup, transport, want=run.min_agents, patience_s=0.0)
@@ -280,6 +303,8 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     t_gen = clock()
     accepted, agents = collect_batches(nodes, ready | fresh, setup.roster, plan, max_bytes=run.max_batch_bytes,
                                        timeout_s=run.generate_timeout_s)
+    ids.verified(accepted, agents)
+    _flush_eval(setup, state, metrics, ids)  # before this step changes the state: it is the previous step's
     t_val = clock()
     verdicts = reverify(setup.verify, accepted, plan, truncated_reward=setup.truncated_reward)
     for agent, v in verdicts.items():
@@ -369,8 +394,13 @@ def _totals(state: CoordinatorState, agents: Mapping[str, AgentStep]) -> None:
                          bytes_in=a.bytes_in, bytes_out=a.bytes_out, **reasons)
 
 
-def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState, metrics: MetricsLog) -> None:
-    """Held-out evaluation before the first step, after the last, and every ``eval_every`` steps."""
+def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState, metrics: MetricsLog,
+                    ids: Identities) -> None:
+    """Held-out evaluation before the first step, after the last, and every ``eval_every`` steps.
+
+    Replies count for an agent only from the node holding its verified identity (:func:`eval_record`); when
+    unnamed nodes answer before this process verified any batch (the evaluation before the first step, or
+    right after a restart), the record waits for the next step's batches (:attr:`Identities.held_eval`)."""
     run, s = setup.run, state.step
     due = s == 0 or s == run.steps or (run.eval_every > 0 and s % run.eval_every == 0)
     if not setup.held_out or not due or state.last_eval_step == s:
@@ -380,12 +410,24 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
     request = eval_request(setup.held_out, run)
     replies = _exchange(transport, [Order(n.node_id, "evaluate", request=request) for n in nodes],
                         run.generate_timeout_s)
-    state.last_eval_step = s
     tasks = {p.id: p.source for p in setup.held_out if p.source}
-    record = eval_record(nodes, replies, run_id=run.run_id, step=s, prompts=len(setup.held_out),
-                         tasks=tasks if len(set(tasks.values())) > 1 else None)
-    record |= {"time": setup.clock(), "eval_s": setup.clock() - t0}
-    _commit(setup, state, metrics, record)
+    ids.held_eval = {"step": s, "nodes": nodes, "replies": replies, "time": setup.clock(),
+                     "eval_s": setup.clock() - t0, "tasks": tasks if len(set(tasks.values())) > 1 else None}
+    if ids.holders or all(n.name for n in nodes) or s >= run.steps:
+        _flush_eval(setup, state, metrics, ids)
+    else:
+        log.info("eval after step %d: recorded once the next step's batches show which node is which agent", s)
+
+
+def _flush_eval(setup: Setup, state: CoordinatorState, metrics: MetricsLog, ids: Identities) -> None:
+    """Write the held evaluation's metrics line (if any), attributed with the identities verified so far."""
+    held, ids.held_eval = ids.held_eval, None
+    if held is None:
+        return
+    record = eval_record(held["nodes"], held["replies"], run_id=setup.run.run_id, step=held["step"],
+                         prompts=len(setup.held_out), tasks=held["tasks"], holders=ids.holders)
+    state.last_eval_step = held["step"]
+    _commit(setup, state, metrics, record | {"time": held["time"], "eval_s": held["eval_s"]})
 
 
 def _seconds(record: Mapping[str, Any], key: str) -> float | None:

@@ -3,7 +3,8 @@
 :func:`collect_batches` turns the generate replies into accepted batches and per-agent outcomes
 (every reply is accounted for: accepted, rejected with a reason, error, timeout). An agent is keyed
 by its verified signer and keeps the node that delivered its batch (its train order goes there); a
-name two nodes claim at one step is an error for both (``name@node``, ``duplicate_agent``);
+claim of a name without a batch signed by its roster key is refused on its own (``name@node``), and a
+name two nodes deliver verified batches for at one step is an error for both (``duplicate_agent``);
 :func:`train_outcome` adds the train reply; :func:`step_record` writes the JSON-lines record.
 Pure functions over protobuf messages and the reply dataclass; no I/O besides logging.
 
@@ -98,9 +99,12 @@ def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Ma
 
     The expected signer of a node's envelope is the agent it claims (:func:`claimed_agent`); an
     accepted entry is keyed by its verified signer and keeps the delivering node's id, so the agent's
-    train order goes to that node and no other. An agent name claimed by, or verified for, two nodes
-    at one step is an error for every one of them (``duplicate_agent``, logged; entries keyed
-    ``name@node``): none of their batches is pooled. A node without a reply counts as timed out.
+    train order goes to that node and no other. Among nodes claiming one name, the one whose batch is
+    accepted (signed by that name's roster key, every check passed) holds the name; each other claim is
+    refused on its own (its reason logged and told back, keyed ``name@node``), so a node claiming a name
+    it cannot sign for never blocks the real agent. Two nodes delivering accepted batches for one name
+    at one step (a copied key, a misconfiguration) are an error for both (``duplicate_agent``, logged):
+    neither batch is pooled. A node without a reply counts as timed out.
     """
     owed = len(plan.prompts) * plan.samples_per_prompt
     found: list[tuple[AgentStep, AcceptedBatch | None]] = []
@@ -135,23 +139,45 @@ def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Ma
     accepted: list[AcceptedBatch] = []
     agents: dict[str, AgentStep] = {}
     for name, group in by_name.items():
-        if len(group) == 1:
-            entry, item = group[0]
-            agents[name] = entry
-            if item is not None:
-                accepted.append(item)
+        verified = [(e, i) for e, i in group if i is not None]
+        if len(group) == 1 or len(verified) == 1:
+            _hold_name(name, group, verified, agents, accepted, plan.step)
             continue
-        holders = ", ".join(str(e.node_id) for e, _ in group)
-        for entry, item in group:
+        for entry, _ in group:  # several claims and no verified batch: each keeps its own reason
+            entry.agent = f"{name}@{entry.node_id}"
+            agents[entry.agent] = entry
+        if len(verified) < 2:
+            continue
+        holders = ", ".join(str(e.node_id) for e, _ in verified)
+        for entry, _ in verified:
             entry.rows_rejected += entry.rows_accepted
             entry.status, entry.reason, entry.rows_accepted, entry.fingerprint = (
                 "rejected", Reason.DUPLICATE_AGENT.value, 0, "")
-            entry.detail = f"agent {name!r} is claimed by nodes {holders} at this step; none of them is pooled"
-            entry.agent = f"{name}@{entry.node_id}"
-            agents[entry.agent] = entry
-        log.warning("step %d: agent %r is claimed by nodes %s: %s for all of them", plan.step, name, holders,
-                    Reason.DUPLICATE_AGENT.value)
+            entry.detail = (f"agent {name!r} is delivered with a batch signed by its roster key by nodes {holders} at "
+                            "this step; none of them is pooled")
+        log.warning("step %d: agent %r is delivered with a verified batch by nodes %s: %s for all of them", plan.step,
+                    name, holders, Reason.DUPLICATE_AGENT.value)
     return accepted, agents
+
+
+def _hold_name(name: str, group: list[tuple[AgentStep, AcceptedBatch | None]],
+               verified: list[tuple[AgentStep, AcceptedBatch | None]], agents: dict[str, AgentStep],
+               accepted: list[AcceptedBatch], step: int) -> None:
+    """File a name's only claim, or its one verified delivery among several claims, under the name; every other
+    claim of it under ``name@node`` with its own reason (already logged), noting who holds the name."""
+    holder, item = verified[0] if verified else group[0]
+    agents[name] = holder
+    if item is not None:
+        accepted.append(item)
+    for entry, _ in group:
+        if entry is holder:
+            continue
+        entry.agent = f"{name}@{entry.node_id}"
+        entry.detail = bounded_text(f"{entry.detail}; agent {name!r} is node {holder.node_id}, whose batch is "
+                                    f"signed by its roster key", 500)
+        agents[entry.agent] = entry
+        log.warning("step %d: node %d claims agent %r without a batch signed by its roster key (%s); node %d "
+                    "delivered %r's verified batch", step, entry.node_id, name, entry.reason, holder.node_id, name)
 
 
 def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan, pool: Collection[str] = ()) -> None:
@@ -349,15 +375,34 @@ def task_scores(results: Sequence[Any], tasks: Mapping[str, str]) -> dict[str, f
 
 
 def eval_record(nodes: Sequence[Any], replies: Mapping[int, Any], *, run_id: str, step: int,
-                prompts: int, tasks: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The metrics line of one held-out evaluation: per agent (the name each node claims, ``name@node``
-    when two claim one) the worker's bounded metrics or the error; with ``tasks`` (prompt id → task label of
-    the held-out problems, when there is more than one task) also ``task/<label>/accuracy`` per task."""
-    claims = [claimed_agent(node, replies.get(node.node_id)) or f"node-{node.node_id}" for node in nodes]
+                prompts: int, tasks: Mapping[str, str] | None = None,
+                holders: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The metrics line of one held-out evaluation: per agent the worker's bounded metrics or the error; with
+    ``tasks`` (prompt id → task label of the held-out problems, when there is more than one task) also
+    ``task/<label>/accuracy`` per task.
+
+    A reply is filed under an agent's name only from the node that holds the agent's verified identity: the
+    name the node is registered with (SuperNode authentication), or the name it reports when it is the node
+    that delivered that agent's last accepted, signature-verified batch (``holders``: agent → node id). Every
+    other node's reply is filed under ``unverified@<node id>`` (a claimed roster name is logged, never used);
+    two nodes under one name are told apart as ``name@node``."""
+    holders = holders or {}
+    labels = []
+    for node in nodes:
+        claim = claimed_agent(node, replies.get(node.node_id))
+        if node.name or (claim and holders.get(claim) == node.node_id):
+            labels.append(claim)
+            continue
+        labels.append(f"unverified@{node.node_id}")
+        if claim:
+            held = holders.get(claim)
+            log.warning("eval after step %d: node %d says it is %r, but %s: recorded as %s", step, node.node_id,
+                        claim, f"{claim}'s last verified batch came from node {held}" if held is not None else
+                        f"no batch signed by {claim}'s roster key came from it yet", labels[-1])
     agents: dict[str, Any] = {}
-    for node, claim in zip(nodes, claims):
+    for node, label in zip(nodes, labels):
         reply = replies.get(node.node_id)
-        name = claim if claims.count(claim) == 1 else f"{claim}@{node.node_id}"
+        name = label if labels.count(label) == 1 else f"{label}@{node.node_id}"
         if reply is None or reply.error or reply.timed_out or reply.site.evaluation is None:
             agents[name] = {"error": bounded_text(getattr(reply, "error", "")) or "timeout"}
             continue

@@ -7,7 +7,10 @@ node config (:mod:`hacrl_fed.site.courier`), packs the reply, and turns a failur
 error reply. The worker verifies peers' signatures against the site's own roster before it trains;
 nothing here trusts the coordinator.
 
-Node config (``flower-supernode --node-config``): ``agent-name="org-a" worker-address="127.0.0.1:50051"``.
+Node config (``flower-supernode --node-config``): ``agent-name="org-a" worker-address="127.0.0.1:50051"
+worker-token-file="/site/org-a/worker.token"``. The token file (mode 0600) holds the secret every call to the
+worker carries (:mod:`hacrl_fed.protocol.worker_token`); it is read for each message, never passed on a
+command line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from google.protobuf.message import DecodeError
 from hacrl_fed import __version__
 from hacrl_fed.flower import records
 from hacrl_fed.protocol.site_reply import SiteReply
+from hacrl_fed.protocol.worker_token import TokenFileError, read_token
 from hacrl_fed.site import courier
 from hacrl_fed.site.worker_link import WorkerError, WorkerLink, WorkerUnavailableError
 from hacrl_fed.v1 import rollout_pb2 as rpb
@@ -49,6 +53,17 @@ def _parse(cls, data: bytes, what: str):
         raise records.ProtocolError(f"{what} is not a valid {cls.__name__}") from None
 
 
+def _token(context: Context) -> str:
+    """The worker token from the file the node config names. Raises WorkerError (one line)."""
+    path = str(context.node_config.get("worker-token-file", ""))
+    if not path:
+        raise WorkerError("no worker token file configured (node_config worker-token-file)")
+    try:
+        return read_token(path)
+    except TokenFileError as err:
+        raise WorkerError(str(err)) from None
+
+
 def _serve(msg: Message, context: Context, call: Callable[[WorkerLink, SiteReply], None]) -> Message:
     """Run ``call(link, reply)`` (it fills ``reply``) and turn every failure into an error reply."""
     agent = str(context.node_config.get("agent-name", ""))
@@ -56,7 +71,7 @@ def _serve(msg: Message, context: Context, call: Callable[[WorkerLink, SiteReply
     reply = SiteReply(agent=agent, version=__version__)
     t0 = time.time()
     try:
-        with WorkerLink(address) as link:
+        with WorkerLink(address, token=_token(context)) as link:
             call(link, reply)
         reply.metrics["courier/worker_s"] = time.time() - t0
         return Message(records.reply_content(reply), reply_to=msg)

@@ -6,13 +6,15 @@
    free, the checkpoints belong to ``--run-id`` when given), lock ``<output_dir>/<agent>/`` (a
    second client there stops with one line naming the first one's pid) and write the config to
    ``<output_dir>/<agent>/client.resolved.toml``;
-2. start the agent worker (``hacrl-fed worker``, loopback only; its progress lines — one per
-   trained step — are shown on the terminal) and wait until Health answers ready — or, with
-   ``--worker-address``, attach to a worker someone else runs (e.g. in a vLLM environment) and
-   only check its Health;
+2. write a fresh worker token (``<output_dir>/<agent>/worker.token``, mode 0600: every call to the
+   worker must carry it, :mod:`hacrl_fed.protocol.worker_token`), start the agent worker
+   (``hacrl-fed worker``, loopback only; its progress lines — one per trained step — are shown on
+   the terminal) and wait until Health answers ready — or, with ``--worker-address``, attach to a
+   worker someone else runs (e.g. in a vLLM environment), with the token of the file that worker
+   uses (``--worker-token-file``, the same default), and only check its Health;
 3. start ``flower-supernode`` with TLS (``--root-certificates``) and SuperNode authentication
    (``--auth-supernode-private-key``) or ``--insecure``, its own ClientApp API port, and the node
-   config ``agent-name=... worker-address=...`` the per-message ClientApp reads;
+   config ``agent-name=... worker-address=... worker-token-file=...`` the per-message ClientApp reads;
 4. supervise both: a SuperNode that exits (SuperLink not reachable yet, key not registered yet,
    coordinator restarted) is restarted with backoff, and connection trouble is reported in plain
    words (:class:`~hacrl_fed.site.watch.SupernodeWatcher`); if the worker exits, or on
@@ -37,6 +39,7 @@ from hacrl_fed.atomic import DirLock
 from hacrl_fed.config import ClientConfig, ConfigError, absolute_path
 from hacrl_fed.launch import processes as launch
 from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, free_port, port_problem
+from hacrl_fed.protocol.worker_token import TOKEN_FILE, TokenFileError, read_token, write_token
 from hacrl_fed.site.watch import SupernodeWatcher, worker_line_visible
 from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
 
@@ -189,13 +192,13 @@ def _checkpoint_run(root: Path) -> tuple[str, int, Path] | None:
         return None
 
 
-def _worker_argv(config: Path, address: str, address_file: Path) -> list[str]:
+def _worker_argv(config: Path, address: str, address_file: Path, token_file: Path) -> list[str]:
     return [sys.executable, "-m", "hacrl_fed.cli", "worker", "--config", str(config), "--address", address,
-            "--address-file", str(address_file)]
+            "--address-file", str(address_file), "--token-file", str(token_file)]
 
 
-def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int, env: dict[str, str],
-                    worker: ManagedProcess | None) -> int:
+def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, token_file: Path, port: int,
+                    env: dict[str, str], worker: ManagedProcess | None) -> int:
     """Keep a SuperNode running while the worker lives; restart it with backoff when it exits
     (SuperLink not up yet, key not registered yet, coordinator restarted). Returns 1 when the worker dies."""
     watcher = SupernodeWatcher(cfg.superlink, cfg.node_key, lambda level, msg: log.log(level, "%s", msg))
@@ -204,7 +207,8 @@ def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int,
     backoff = 1.0
     while True:
         node = launch.start_supernode(sup, "supernode", superlink=cfg.superlink, port=port,
-                                      node_config={"agent-name": cfg.agent.name, "worker-address": address}, env=env,
+                                      node_config={"agent-name": cfg.agent.name, "worker-address": address,
+                                                   "worker-token-file": str(token_file)}, env=env,
                                       insecure=cfg.insecure, root_certificates=cfg.root_certificates,
                                       node_key=cfg.node_key, on_line=watcher.feed)
         started = time.monotonic()
@@ -226,16 +230,19 @@ def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, port: int,
         backoff = min(2 * backoff, 30.0)
 
 
-def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: Path,
-                  timeout_s: float) -> tuple[ManagedProcess, str]:
-    """Start ``hacrl-fed worker``; its progress lines go to the terminal. Raises RuntimeError (one line
-    plus the log path) when it exits or is not healthy in time."""
+def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: Path, token_file: Path,
+                  timeout_s: float) -> tuple[ManagedProcess, str, str]:
+    """Write a fresh worker token to ``token_file`` and start ``hacrl-fed worker`` with it; its progress lines
+    go to the terminal. Returns the process, its address and the token. Raises RuntimeError (one line plus the
+    log path) when it exits or is not healthy in time, OSError when the token cannot be written."""
     log.info("starting the worker of %s: loading %s", cfg.agent.name, cfg.agent.model.name_or_path)
     addr_file = site_dir / "worker.address"
+    token = write_token(token_file)
     try:
-        return launch.start_worker(sup, "worker", _worker_argv(resolved, cfg.agent.worker_address, addr_file),
-                                   address_file=addr_file, timeout_s=timeout_s, echo=sys.stdout,
-                                   echo_filter=worker_line_visible)
+        argv = _worker_argv(resolved, cfg.agent.worker_address, addr_file, token_file)
+        proc, address = launch.start_worker(sup, "worker", argv, address_file=addr_file, token=token,
+                                            timeout_s=timeout_s, echo=sys.stdout, echo_filter=worker_line_visible)
+        return proc, address, token
     except RuntimeError as err:
         first, _, rest = str(err).partition("\n")
         errors = [line for line in rest.splitlines() if line.startswith("error: ")]
@@ -243,22 +250,31 @@ def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: 
 
 
 def run_client(cfg: ClientConfig, *, port: int | None = None, worker_address: str | None = None,
-               worker_timeout_s: float = 900.0) -> int:
+               worker_token_file: str | Path | None = None, worker_timeout_s: float = 900.0) -> int:
     """Run the site until the worker exits or a signal arrives. Returns the exit code (0 after a signal).
 
     ``cfg`` must be resolved (:func:`resolve_client_config`). ``port`` is the SuperNode's
-    ClientApp API port (default: a free one). Raises ConfigError (:func:`check_site`, a ``port``
-    in use) and LockedError (another client runs in this site's directory, named with its pid)
-    before anything starts; a worker that fails to start ends the client with a message and code 1.
+    ClientApp API port (default: a free one). ``worker_token_file`` (default ``<output_dir>/<agent>/worker.token``)
+    holds the worker token: written fresh when this client starts the worker, read (it must exist) when it
+    attaches to ``worker_address``. Raises ConfigError (:func:`check_site`, a ``port`` in use, an unusable token
+    file of an attached worker) and LockedError (another client runs in this site's directory, named with its
+    pid) before anything starts; a worker that fails to start ends the client with a message and code 1.
     """
     check_site(cfg, own_worker=worker_address is None)
     if port is not None and (busy := port_problem("127.0.0.1", port)):
         raise ConfigError(f"--port {port}: {busy}; stop it, or choose another --port")
     name = cfg.agent.name
     site_dir = Path(cfg.output_dir) / name
+    token_file = Path(worker_token_file).absolute() if worker_token_file else site_dir / TOKEN_FILE
+    if worker_address is not None:
+        try:
+            read_token(token_file)
+        except TokenFileError as err:
+            raise ConfigError(f"--worker-token-file: {err}; give the token file the worker at {worker_address} "
+                              "uses (hacrl-fed worker --token-file)") from None
     lock = DirLock(site_dir, what=f"the site directory of {name!r}")  # a second client here stops now
     try:
-        return _run_site(cfg, site_dir, port, worker_address, worker_timeout_s)
+        return _run_site(cfg, site_dir, port, worker_address, token_file, worker_timeout_s)
     finally:
         lock.release()
 
@@ -278,7 +294,7 @@ def check_worker_health(health, cfg: ClientConfig, address: str) -> None:
                           f"{cfg.agent.model.engine!r} (agent.model.engine / --engine)")
 
 
-def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_address: str | None,
+def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_address: str | None, token_file: Path,
               worker_timeout_s: float) -> int:
     name = cfg.agent.name
     resolved = site_dir / "client.resolved.toml"
@@ -289,16 +305,16 @@ def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_addres
         try:
             worker = None
             if worker_address is None:
-                worker, address = _start_worker(sup, cfg, resolved, site_dir, worker_timeout_s)
+                worker, address, token = _start_worker(sup, cfg, resolved, site_dir, token_file, worker_timeout_s)
             else:
-                address = worker_address
-            health = wait_until_healthy(address, worker_timeout_s)
+                address, token = worker_address, read_token(token_file)
+            health = wait_until_healthy(address, worker_timeout_s, token=token)
             check_worker_health(health, cfg, address)
             log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)
-            return _supernode_loop(sup, cfg, address, port or free_port(), env, worker)
+            return _supernode_loop(sup, cfg, address, token_file, port or free_port(), env, worker)
         except Shutdown as sig:
             log.info("%s: stopping the site", sig)
             return 0
-        except (RuntimeError, WorkerError) as err:
+        except (RuntimeError, WorkerError, TokenFileError) as err:
             log.error("%s", err)
             return 1

@@ -167,11 +167,12 @@ WORKER_STOP_GRACE_S = 300.0
 """Seconds a stopped worker gets to finish its request and save its shutdown checkpoint before SIGKILL."""
 
 
-def start_worker(sup: Supervisor, name: str, argv: Sequence[str], *, address_file: str | Path, timeout_s: float = 600.0,
-                 env: Mapping[str, str] | None = None, echo: IO[str] | None = None,
+def start_worker(sup: Supervisor, name: str, argv: Sequence[str], *, address_file: str | Path, token: str,
+                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None, echo: IO[str] | None = None,
                  echo_filter: Callable[[str], bool] | None = None,
                  grace_s: float = WORKER_STOP_GRACE_S) -> tuple[ManagedProcess, str]:
-    """Start an agent worker (``argv`` must make it write its bound address to ``address_file``).
+    """Start an agent worker (``argv`` must make it write its bound address to ``address_file`` and use the token
+    file holding ``token``, which its Health call then carries).
 
     ``name`` is the process label (log file ``<name>.log``, messages "``<name>`` exited …");
     ``echo``/``echo_filter`` tee its output (:meth:`Supervisor.start`); ``grace_s`` is its stop grace period
@@ -192,7 +193,7 @@ def start_worker(sup: Supervisor, name: str, argv: Sequence[str], *, address_fil
         time.sleep(0.2)
     address = path.read_text(encoding="utf-8").strip()
     try:
-        wait_until_healthy(address, max(1.0, deadline - time.monotonic()), alive=proc.alive)
+        wait_until_healthy(address, max(1.0, deadline - time.monotonic()), token=token, alive=proc.alive)
     except Exception as err:  # noqa: BLE001 - reported with the log tail
         raise RuntimeError(f"{name} at {address} is not healthy: {err}\n{proc.tail()}") from None
     return proc, address

@@ -8,14 +8,15 @@ The production code path, started by one command: the processes ``hacrl-fed serv
       simulate.resolved.json, server.resolved.json
       keys/     roster.toml, <agent>.ed25519.key, <agent>.node.key …  (generated)
       tls/      ca.crt, server.pem, server.key                         (tls = true only)
-      <agent>/  client.resolved.toml, checkpoints/, export/ (the final model, plain Hugging Face)
+      <agent>/  client.resolved.toml, worker.token (0600), checkpoints/, export/ (the final model, plain Hugging Face)
       logs/     superlink.log, worker-<agent>.log, supernode-<agent>.log, flwr-run.log
       metrics.jsonl, coordinator/state.json                            (the coordinator's)
       report.md, report.json, plot.png
 
 1. generate every agent's identity and the roster (and TLS material with ``tls = true``);
 2. start ``flower-superlink``: insecure on loopback, or TLS + SuperNode auth with every node key registered;
-3. start every agent worker at once, each pinned to its device (:func:`worker_env`);
+3. start every agent worker at once, each pinned to its device (:func:`worker_env`), each with a fresh
+   worker token that every call to it carries (:mod:`hacrl_fed.protocol.worker_token`);
 4. start one ``flower-supernode`` per agent, then ``flwr run`` (the ServerApp evaluates every agent
    on the held-out split before the first and after the last step, greedy, via the worker's Evaluate RPC);
 5. follow ``metrics.jsonl`` with a progress display (:mod:`hacrl_fed.report.progress`);
@@ -53,6 +54,7 @@ from hacrl_fed.launch.supervise import (
     Supervisor,
     free_port,
 )
+from hacrl_fed.protocol.worker_token import TOKEN_FILE, TokenFileError, read_token, write_token
 
 __all__ = ["DEFAULT_CONFIG", "Layout", "SimulationError", "SimulationResult", "default_config", "load_layout",
            "peak_rss_bytes", "prepare_run", "run_simulation", "worker_env"]
@@ -94,9 +96,10 @@ def _launch_workers(sup: Supervisor, layout: Layout, view) -> dict[str, tuple[Ma
         site = layout.run_dir / name
         addr_file = site / "worker.address"
         addr_file.unlink(missing_ok=True)
+        write_token(token_path(layout, name))
         argv = [sys.executable, "-m", "hacrl_fed.cli", "worker", "--config", str(site / "client.resolved.toml"),
                 "--address", client.agent.worker_address, "--address-file", str(addr_file),
-                "--status-file", str(status_path(layout, name))]
+                "--status-file", str(status_path(layout, name)), "--token-file", str(token_path(layout, name))]
         env = worker_env(layout.devices[name], cpu_workers=cpu_workers)
         started[name] = (sup.start(f"worker-{name}", argv, env=env), addr_file, time.monotonic())
         view.loading(name, layout.devices[name], client.agent.model.name_or_path)
@@ -106,6 +109,11 @@ def _launch_workers(sup: Supervisor, layout: Layout, view) -> dict[str, tuple[Ma
 def status_path(layout: Layout, name: str) -> Path:
     """The status file of agent ``name``'s worker (:mod:`hacrl_fed.status`)."""
     return layout.run_dir / name / "status.json"
+
+
+def token_path(layout: Layout, name: str) -> Path:
+    """The worker token file of agent ``name``'s site (written fresh at every start)."""
+    return layout.run_dir / name / TOKEN_FILE
 
 
 def _poll_status(layout: Layout, view) -> None:
@@ -133,8 +141,8 @@ def _await_workers(started: Mapping[str, tuple[ManagedProcess, Path, float]], vi
             if addr_file.exists():
                 address = addr_file.read_text(encoding="utf-8").strip()
                 try:
-                    wait_until_healthy(address, 60.0, alive=proc.alive)
-                except WorkerError as err:
+                    wait_until_healthy(address, 60.0, token=read_token(token_path(layout, name)), alive=proc.alive)
+                except (WorkerError, TokenFileError) as err:
                     raise SimulationError(f"worker {name} at {address} is not healthy: {err}\n{proc.tail()}") from None
                 ready[name] = (proc, address, time.monotonic() - t0)
                 view.loaded(name, ready[name][2])
@@ -166,7 +174,8 @@ def _start_supernodes(sup: Supervisor, layout: Layout, addresses: Mapping[str, s
     """One ``flower-supernode`` per agent, its own ``FLWR_HOME`` and ClientApp API port."""
     for name, client in layout.clients.items():
         launch.start_supernode(sup, f"supernode-{name}", superlink=client.superlink, port=free_port(),
-                               node_config={"agent-name": name, "worker-address": addresses[name]},
+                               node_config={"agent-name": name, "worker-address": addresses[name],
+                                            "worker-token-file": str(token_path(layout, name))},
                                env=launch.flwr_env(layout.run_dir / name / "flwr"), insecure=client.insecure,
                                root_certificates=client.root_certificates, node_key=client.node_key)
 
@@ -218,7 +227,13 @@ def _export(layout: Layout, workers: Mapping[str, tuple[ManagedProcess, str, flo
     ok = True
     for name, (_, address, _) in workers.items():
         view.exporting(name)
-        channel, stub = connect(address)
+        try:
+            token = read_token(token_path(layout, name))
+        except TokenFileError as err:
+            ok, agents[name]["export_error"] = False, str(err)
+            view.message(f"export of {name} failed: {err}")
+            continue
+        channel, stub = connect(address, token)
         req = wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path=str(layout.run_dir / name / "export"))
         try:
             agents[name]["export_dir"] = stub.Checkpoint(req, timeout=1800).path

@@ -2,7 +2,9 @@
 
 Used by the per-message ClientApp (a courier: one call, then the process exits) and by
 ``hacrl-fed client`` to wait until the worker is healthy. Loopback or unix-socket addresses only
-carry plaintext gRPC, so no TLS here. Imports only grpc and the generated stubs: no torch.
+carry plaintext gRPC, so no TLS here; every call carries the site's worker token
+(:mod:`hacrl_fed.protocol.worker_token`), without which the worker answers ``UNAUTHENTICATED``.
+Imports only grpc, the generated stubs and the token file reader: no torch.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 
 import grpc
 
+from hacrl_fed.protocol.worker_token import TOKEN_METADATA
 from hacrl_fed.v1 import rollout_pb2 as rpb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.v1.worker_pb2_grpc import AgentWorkerStub
@@ -35,12 +38,15 @@ class WorkerUnavailableError(WorkerError):
 
 
 class WorkerLink:
-    """A channel to one worker. Use as a context manager or call :meth:`close`."""
+    """A channel to one worker; every call carries ``token``. Use as a context manager or call :meth:`close`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, token: str) -> None:
         if not address:
             raise WorkerUnavailableError("no worker address configured (node_config worker-address)")
+        if not token:
+            raise WorkerError("no worker token (node_config worker-token-file names the site's token file)")
         self.address = address
+        self._metadata = ((TOKEN_METADATA, token),)
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
@@ -49,7 +55,7 @@ class WorkerLink:
 
     def _call(self, name: str, request, timeout_s: float):
         try:
-            return getattr(self._stub, name)(request, timeout=max(0.1, timeout_s))
+            return getattr(self._stub, name)(request, timeout=max(0.1, timeout_s), metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
             text = f"worker {self.address} {name}: {code.name}: {err.details() if hasattr(err, 'details') else err}"
@@ -69,8 +75,13 @@ class WorkerLink:
         return self._call("Evaluate", request, timeout_s)
 
     def checkpoint(self, timeout_s: float, path: str = "") -> wpb.CheckpointResponse:
-        """Save a resumable checkpoint (into the worker's directory unless ``path``)."""
+        """Save a resumable checkpoint (into the worker's directory unless ``path``, which must lie in the site's
+        directory)."""
         return self._call("Checkpoint", wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE, path=path), timeout_s)
+
+    def export(self, timeout_s: float, path: str = "") -> wpb.CheckpointResponse:
+        """Export the model as a plain Hugging Face directory (``path`` must lie in the site's directory)."""
+        return self._call("Checkpoint", wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path=path), timeout_s)
 
     def health(self, timeout_s: float = 5.0) -> wpb.HealthResponse:
         return self._call("Health", wpb.HealthRequest(), timeout_s)
@@ -85,8 +96,9 @@ class WorkerLink:
         self.close()
 
 
-def wait_until_healthy(address: str, timeout_s: float, *, poll_s: float = 0.5, alive=lambda: True) -> wpb.HealthResponse:
-    """Poll Health until the worker reports ``ready``.
+def wait_until_healthy(address: str, timeout_s: float, *, token: str, poll_s: float = 0.5,
+                       alive=lambda: True) -> wpb.HealthResponse:
+    """Poll Health (carrying ``token``) until the worker reports ``ready``.
 
     ``alive()`` is checked between polls (e.g. "the worker process still runs"); when it turns
     false the wait ends early. Raises WorkerUnavailableError on timeout or when ``alive()`` fails,
@@ -94,7 +106,7 @@ def wait_until_healthy(address: str, timeout_s: float, *, poll_s: float = 0.5, a
     """
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
-    with WorkerLink(address) as link:
+    with WorkerLink(address, token=token) as link:
         while time.monotonic() < deadline:
             if not alive():
                 raise WorkerUnavailableError(f"worker {address} exited before it became healthy ({last})")

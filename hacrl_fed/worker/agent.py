@@ -29,7 +29,7 @@ from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
-from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, export_hf
+from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, confined_path, export_hf
 from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
@@ -163,7 +163,7 @@ class AgentWorker:
                  sampling: SamplingConfig | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
                  resume: bool = True, keep_checkpoints: int = 3, max_batch_sequences: int = 32,
                  verifier: Verifier | None = None, run_id: str | None = None,
-                 status_file: str | Path | None = None) -> None:
+                 status_file: str | Path | None = None, site_dir: str | Path | None = None) -> None:
         if not cfg.private_key:
             raise ValueError(f"agent {cfg.name!r} needs agent.private_key (create one with `hacrl-fed keys gen`)")
         self.cfg = cfg
@@ -205,6 +205,8 @@ class AgentWorker:
                                rewards=rewards, autocast_dtype=self.loaded.autocast_dtype,
                                guard=SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward))
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
+        self.path_roots = [Path(site_dir), root] if site_dir else [root]
+        """Where a Checkpoint request's ``path`` may lead (a relative one starts at the first)."""
         self._fingerprint: str | None = None
         self._saved_step = 0
         self.checkpoint_every: int | None = None
@@ -479,20 +481,32 @@ class AgentWorker:
                                   engine=self.engine.name)
 
     def checkpoint(self, req: wpb.CheckpointRequest) -> wpb.CheckpointResponse:
-        """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory."""
+        """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory.
+
+        A ``path`` must lead inside the site's directory or the checkpoint directory
+        (:func:`~hacrl_fed.worker.checkpoint.confined_path`), else the request is refused (InvalidRequestError)."""
         if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
             raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
         export = req.kind == wpb.CheckpointRequest.EXPORT
-        with self.lock, self.status.phase("exporting" if export else "checkpointing", step=self.trainer.step):
+        with self.lock:
+            try:
+                target = str(confined_path(req.path, self.path_roots, export=export,
+                                           checkpoints=self.checkpoints.root)) if req.path else ""
+            except ValueError as err:
+                raise InvalidRequestError(f"CheckpointRequest.path: {err}") from None
+            return self._checkpoint(export, target)
+
+    def _checkpoint(self, export: bool, target: str) -> wpb.CheckpointResponse:
+        with self.status.phase("exporting" if export else "checkpointing", step=self.trainer.step):
             step = self.trainer.step
             if export:
-                out = req.path or str(self.checkpoints.root / "export" / f"step-{step:08d}")
+                out = target or str(self.checkpoints.root / "export" / f"step-{step:08d}")
                 m = self.cfg.model
                 prompt = prompt_record(self.tokenizer, system_prompt=m.system_prompt, template=m.chat_template,
                                        stop=m.stop, eos_token_ids=eos_token_ids(self.model, self.tokenizer))
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out, prompt=prompt)),
                                               step=step)
-            path = self._save(req.path)
+            path = self._save(target)
             detail_log.info("step %d checkpoint saved: %s", step, path)
             return wpb.CheckpointResponse(path=str(path), step=step)
 

@@ -31,7 +31,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ import torch
 
 from hacrl_fed.atomic import atomic_write_text, fsync_dir, read_bounded
 
-__all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "export_hf", "get_rng_state", "set_rng_state"]
+__all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "confined_path", "export_hf", "get_rng_state",
+           "set_rng_state"]
 
 log = logging.getLogger("hacrl_fed.worker")
 
@@ -345,6 +346,50 @@ def _verified_meta(d: Path) -> dict:
         if _sha256(f) != want.get("sha256"):
             raise CheckpointError(f"{f}: checkpoint file does not match its recorded SHA-256 (corrupted)")
     return meta
+
+
+MAX_PATH_CHARS = 4096
+"""Longest path a request may name."""
+
+
+def _within(path: str, base: str) -> bool:
+    return path.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def confined_path(requested: str, roots: Sequence[str | Path], *, export: bool, checkpoints: str | Path) -> Path:
+    """The directory a Checkpoint request may write to, for its ``path`` field: a relative path is taken from
+    ``roots[0]``; the path (every link resolved) must lie strictly inside one of ``roots`` (a site's directory,
+    its checkpoint directory) and contain none of them; it must not contain ``..`` or be a link. What is there
+    already may be replaced only when it is an empty directory or one like it: a checkpoint (``state.json``) for
+    a save, an exported model (``config.json``) for an export. A save names no directory directly inside
+    ``checkpoints`` (the rotation there is the worker's: leave ``path`` empty). Raises ``ValueError`` saying why.
+    """
+    if len(requested) > MAX_PATH_CHARS or not requested.isprintable():
+        raise ValueError(f"not a usable path (more than {MAX_PATH_CHARS} characters or unprintable characters)")
+    shown = repr(requested[:200])
+    if ".." in Path(requested).parts:
+        raise ValueError(f"{shown} contains '..'")
+    bases = [os.path.realpath(r) for r in roots]
+    where = " or ".join(bases)
+    p = Path(requested) if os.path.isabs(requested) else Path(roots[0]) / requested
+    if p.is_symlink():
+        raise ValueError(f"{shown} is a link; name a directory inside {where}")
+    real = os.path.realpath(p)
+    if not any(real == b or _within(real, b) for b in bases):
+        raise ValueError(f"{shown} leads to {real[:300]}, outside this site's directories; name a directory inside "
+                         f"{where} (a relative path is taken from {bases[0]})")
+    if any(real == b or _within(b, real) for b in bases):
+        raise ValueError(f"{shown} would replace this site's directory {real[:300]}; name a new directory inside it")
+    if not export and os.path.dirname(real) == os.path.realpath(checkpoints):
+        raise ValueError(f"{shown} is inside the checkpoint directory, whose checkpoints the worker names itself; "
+                         "leave path empty to save there, or name a directory elsewhere in the site's directory")
+    if os.path.lexists(real):
+        keep = "config.json" if export else "state.json"
+        target = Path(real)
+        if not target.is_dir() or (any(target.iterdir()) and not (target / keep).is_file()):
+            raise ValueError(f"{shown} exists and is not {'an exported model' if export else 'a checkpoint'} "
+                             f"directory ({keep}); it would be replaced: name a new directory")
+    return Path(real)
 
 
 def export_hf(model, tokenizer, out_dir: str | Path, *, prompt: dict[str, Any] | None = None) -> Path:

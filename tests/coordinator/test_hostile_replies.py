@@ -12,7 +12,8 @@ import pytest
 
 from fedutil import boxed_verify, problems
 from hacrl_fed.config import DataConfig, RunConfig
-from hacrl_fed.coordinator.rounds import Setup, run_coordinator
+from hacrl_fed.coordinator.rounds import Node, Reply, Setup, run_coordinator
+from hacrl_fed.coordinator.step_record import collect_batches
 from hacrl_fed.data.sampler import PromptSampler
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -208,7 +209,8 @@ class Impostor(FakeSite):
 
 
 def test_a_node_claiming_another_agents_name_never_gets_its_train_orders(tmp_path, federation, caplog):
-    """Insecure deployment (unnamed nodes): the impostor's node sorts first and says it is alice."""
+    """Insecure deployment (unnamed nodes): the impostor's node sorts first and says it is alice; its batch is
+    signed by mallory, so alice's own node holds the name and the impostor is refused alone."""
     k = federation.keys
     impostor = Impostor("alice", k["mallory"])
     alice, bob, carol = FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])
@@ -216,13 +218,61 @@ def test_a_node_claiming_another_agents_name_never_gets_its_train_orders(tmp_pat
     with caplog.at_level("WARNING", logger="hacrl_fed.coordinator"):
         run_coordinator(setup, InProcessTransport([impostor, alice, bob, carol], named=False))
     assert impostor.trained == []                       # never the pool, never alice's orders
-    assert [s for s, *_ in bob.trained] == [1, 2] and [s for s, *_ in carol.trained] == [1, 2]
+    for site in (alice, bob, carol):
+        assert [s for s, *_ in site.trained] == [1, 2]
     steps = [r for r in strict_lines(setup.metrics_path) if r["event"] == "step"]
     for r in steps:
-        assert r["participants"] == ["bob", "carol"]
-        assert {r["agents"]["alice@1"]["reason"], r["agents"]["alice@2"]["reason"]} == {"duplicate_agent"}
-        assert "alice" not in r["agents"]
-    assert any("claimed by nodes 1, 2" in rec.getMessage() for rec in caplog.records)
+        assert r["participants"] == ["alice", "bob", "carol"]
+        assert r["agents"]["alice"]["node_id"] == 2 and r["agents"]["alice"]["status"] == "trained"
+        assert r["agents"]["alice@1"]["reason"] == "agent_mismatch"
+    assert any("node 1 claims agent 'alice' without a batch signed by its roster key" in rec.getMessage()
+               for rec in caplog.records)
+    assert impostor.notices and "not pooled (agent_mismatch)" in impostor.notices[0]
+
+
+class Garbage(FakeSite):
+    """Says it is ``name`` and delivers bytes that are no envelope."""
+
+    def generate(self, plan):
+        self.generated.append(plan.step)
+        return b"\x0a\xff\xff\xff\xff\x0fnot a protobuf"
+
+
+def test_a_name_claimed_with_garbage_does_not_block_the_real_agent(tmp_path, federation):
+    """Issue 25 D4: without node authentication an unnamed node claims alice and delivers garbage, and
+    min_agents is the number of honest sites. The node whose batch alice's roster key signed is alice; the
+    claimant alone is refused (told why), and no step is skipped."""
+    k = federation.keys
+    fake = Garbage("alice", k["mallory"])
+    honest = [FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])]
+    setup = make_setup(tmp_path, federation, steps=3)
+    setup.run = setup.run.model_copy(update={"min_agents": 3})
+    run_coordinator(setup, InProcessTransport([fake, *honest], named=False))
+    steps = [r for r in strict_lines(setup.metrics_path) if r["event"] == "step"]
+    assert [r["trained"] for r in steps] == [True, True, True]
+    assert all(r["participants"] == ["alice", "bob", "carol"] for r in steps)
+    assert all(r["agents"]["alice@1"]["status"] == "rejected" and r["agents"]["alice@1"]["reason"] == "malformed"
+               for r in steps)
+    assert [s for s, *_ in honest[0].trained] == [1, 2, 3] and fake.trained == []
+    assert len(fake.notices) == 2 and all("not pooled (malformed)" in n for n in fake.notices)
+    assert not honest[0].notices
+
+
+def test_two_verified_batches_for_one_name_stay_duplicate(federation, plan):
+    """Two nodes delivering batches that alice's key signed (a copied key): neither is pooled; a third claim
+    without her signature keeps its own reason."""
+    p = plan()
+    good = envelope_bytes(honest_batch(p, "alice"), federation.keys["alice"].own)
+    nodes = [Node(1, ""), Node(2, ""), Node(3, ""), Node(4, "")]
+    replies = {1: Reply(1, SiteReply(agent="alice", envelope=good)), 2: Reply(2, SiteReply(agent="alice", envelope=good)),
+               3: Reply(3, SiteReply(agent="alice", envelope=b"junk")),
+               4: Reply(4, SiteReply(agent="bob", envelope=envelope_bytes(honest_batch(p, "bob"),
+                                                                        federation.keys["bob"].own)))}
+    accepted, agents = collect_batches(nodes, replies, federation.roster, p, max_bytes=64 * 1024, timeout_s=1)
+    assert [a.agent for a in accepted] == ["bob"]
+    assert {n: a.reason for n, a in agents.items()} == {"alice@1": "duplicate_agent", "alice@2": "duplicate_agent",
+                                                         "alice@3": "malformed", "bob": ""}
+    assert "nodes 1, 2" in agents["alice@1"].detail
 
 
 def test_a_node_relaying_another_agents_envelope_never_gets_its_orders(tmp_path, federation):
@@ -251,10 +301,61 @@ def test_orders_go_to_the_delivering_node_when_names_are_unique(tmp_path, federa
     assert {a: step["agents"][a]["node_id"] for a in ("carol", "alice", "bob")} == {"carol": 1, "alice": 2, "bob": 3}
 
 
-def test_eval_labels_two_nodes_claiming_one_name_apart(tmp_path, federation):
+class PerfectEvaluator(Impostor):
+    """Claims alice (mallory-signed batches) and reports perfect held-out scores as alice."""
+
+    def evaluate(self) -> SiteReply:
+        res = wpb.EvaluateResponse(metrics={"avg@1": 1.0, "problems": 2.0})
+        return SiteReply(agent="alice", evaluation=res.SerializeToString())
+
+
+def _perfect_evals(transport):
+    serve = transport._serve
+
+    def hostile_eval(site, kind, content):
+        if kind == "evaluate" and isinstance(site, PerfectEvaluator):
+            return site.evaluate()
+        return serve(site, kind, content)
+
+    transport._serve = hostile_eval
+    return transport
+
+
+def test_eval_replies_count_only_from_the_node_holding_the_agents_identity(tmp_path, federation):
+    """Both nodes say alice in every reply; the evaluations are filed under alice only from the node that
+    delivered alice's verified batch (also the one before the first step, attributed after it)."""
     k = federation.keys
-    sites = [Impostor("alice", k["mallory"]), FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"])]
+    sites = [PerfectEvaluator("alice", k["mallory"]), FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"])]
+    setup = make_setup(tmp_path, federation, steps=2, held_out=problems(2, offset=50))
+    run_coordinator(setup, _perfect_evals(InProcessTransport(sites, named=False)))
+    lines = strict_lines(setup.metrics_path)
+    evals = [r for r in lines if r["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2]
+    for e in evals:
+        assert set(e["agents"]) == {"alice", "unverified@1", "bob"}
+        assert e["agents"]["alice"]["avg@1"] == 0.25 and e["agents"]["unverified@1"]["avg@1"] == 1.0
+    assert [r["event"] for r in lines][:3] == ["run_start", "eval", "step"]   # the first eval still comes first
+    assert strict_state(setup)["last_eval_step"] == 2
+
+
+def test_an_unnamed_node_claiming_an_absent_agent_is_not_evaluated_as_it(tmp_path, federation):
+    """Issue 25 D7: the real alice is not there; a node that says alice records perfect held-out scores. They
+    are never filed under alice."""
+    k = federation.keys
+    sites = [PerfectEvaluator("alice", k["mallory"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])]
+    setup = make_setup(tmp_path, federation, steps=2, held_out=problems(2, offset=50))
+    run_coordinator(setup, _perfect_evals(InProcessTransport(sites, named=False)))
+    evals = [r for r in strict_lines(setup.metrics_path) if r["event"] == "eval"]
+    assert evals and all(set(e["agents"]) == {"unverified@1", "bob", "carol"} for e in evals)
+    steps = [r for r in strict_lines(setup.metrics_path) if r["event"] == "step"]
+    assert all(r["participants"] == ["bob", "carol"] for r in steps)
+
+
+def test_registered_nodes_are_evaluated_under_their_registered_name(tmp_path, federation):
+    """SuperNode authentication: a node's registered name is its verified identity, before any batch too."""
+    sites = [FakeSite("alice", federation.keys["alice"]), FakeSite("bob", federation.keys["bob"])]
     setup = make_setup(tmp_path, federation, steps=1, held_out=problems(2, offset=50))
-    run_coordinator(setup, InProcessTransport(sites, named=False))
-    first = [r for r in strict_lines(setup.metrics_path) if r["event"] == "eval"][0]
-    assert set(first["agents"]) == {"alice@1", "alice@2", "bob"}
+    run_coordinator(setup, InProcessTransport(sites))
+    lines = strict_lines(setup.metrics_path)
+    assert [r["event"] for r in lines][:3] == ["run_start", "eval", "step"]
+    assert all(set(r["agents"]) == {"alice", "bob"} for r in lines if r["event"] == "eval")

@@ -9,8 +9,10 @@ import time
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
-from fake_worker import FakeWorker, serve
+import fake_worker
+from fake_worker import FakeWorker
 from hacrl_fed.flower import client_app, records
+from hacrl_fed.protocol.worker_token import write_token
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 
@@ -21,13 +23,30 @@ def message(content: RecordDict, message_type: str, ttl: float = 30.0) -> Messag
     return Message(content=content, metadata=md)
 
 
-def context(address: str, agent: str = "alice") -> Context:
-    return Context(run_id=1, node_id=7, node_config={"agent-name": agent, "worker-address": address},
-                   state=RecordDict(), run_config={})
+SITE: dict[str, str] = {}
+"""The test's worker token and its file (:func:`site_token`)."""
+
+
+@pytest.fixture(autouse=True)
+def site_token(tmp_path):
+    """Every test's site has a token file; :func:`serve`'s workers require its token."""
+    path = tmp_path / "site" / "worker.token"
+    SITE.update(file=str(path), token=write_token(path))
+    yield SITE["token"]
+    SITE.clear()
+
+
+def serve(worker, address: str = "127.0.0.1:0"):
+    return fake_worker.serve(worker, address, token=SITE["token"])
+
+
+def context(address: str, agent: str = "alice", **config: str) -> Context:
+    node_config = {"agent-name": agent, "worker-address": address, "worker-token-file": SITE["file"], **config}
+    return Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
 
 
 @pytest.fixture
-def worker(federation):
+def worker(federation, site_token):
     w = FakeWorker("alice", federation.keys["alice"])
     server, address = serve(w)
     yield w, address
@@ -91,6 +110,27 @@ def test_worker_down_bad_order_and_worker_error_become_error_replies(worker, fed
         server.stop(grace=0)
     assert err.has_error() and err.error.code == records.ERROR_WORKER
     assert "INTERNAL" in err.error.reason and "generation exploded" in err.error.reason
+
+
+def test_calls_without_the_sites_worker_token_are_refused(worker, plan, tmp_path):
+    """Issue 25 D3: the worker answers only calls carrying the site's token; the ClientApp reads it from the
+    file its node config names (a missing, foreign or world-readable file is an error reply, not a crash)."""
+    w, address = worker
+    order = records.generate_order(plan().SerializeToString())
+    other = tmp_path / "other.token"
+    write_token(other)
+    reply = client_app.generate(message(order, records.MSG_GENERATE), context(address, **{"worker-token-file":
+                                                                                           str(other)}))
+    assert reply.has_error() and reply.error.code == records.ERROR_WORKER
+    assert "UNAUTHENTICATED" in reply.error.reason and "wrong worker token" in reply.error.reason
+    reply = client_app.generate(message(order, records.MSG_GENERATE), context(address, **{"worker-token-file": ""}))
+    assert reply.has_error() and "worker-token-file" in reply.error.reason
+    other.chmod(0o644)
+    reply = client_app.generate(message(order, records.MSG_GENERATE), context(address, **{"worker-token-file":
+                                                                                           str(other)}))
+    assert reply.has_error() and "accessible to other users" in reply.error.reason
+    assert w.calls == []                                    # none of them reached the worker
+    assert not client_app.generate(message(order, records.MSG_GENERATE), context(address)).has_error()
 
 
 def test_evaluate_is_forwarded(worker, plan):

@@ -4,7 +4,8 @@ In process: ``FakeWorker(...)`` + :func:`serve`. As a process (the malicious cli
 test)::
 
     python tests/helpers/fake_worker.py --name mallory --key mallory.ed25519.key --stranger-key eve.ed25519.key \
-        --cases tampered,replay --max-bytes 65536 --address-file addr --log calls.jsonl
+        --cases tampered,replay --max-bytes 65536 --address-file addr --log calls.jsonl \
+        --token-file sites/mallory/worker.token
 
 Every request is appended to ``--log`` as one JSON line (``{"rpc": ..., "step": ...}``), so a test can
 check that the attacker was never sent the pool.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hostile import HOSTILE, Keys, envelope_bytes, honest_batch  # noqa: E402
 
 from hacrl_fed.protocol.keys import load_signing_key  # noqa: E402
+from hacrl_fed.protocol.worker_token import ensure_token  # noqa: E402
 from hacrl_fed.v1 import rollout_pb2 as pb  # noqa: E402
 from hacrl_fed.v1 import worker_pb2 as wpb  # noqa: E402
 from hacrl_fed.v1 import worker_pb2_grpc as wgrpc  # noqa: E402
@@ -96,8 +98,11 @@ class FakeWorker(wgrpc.AgentWorkerServicer):
         return wpb.CheckpointResponse(path="/dev/null", step=self.step)
 
 
-def serve(worker: FakeWorker, address: str = "127.0.0.1:0") -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+def serve(worker: FakeWorker, address: str = "127.0.0.1:0", *, token: str | None = None) -> tuple[grpc.Server, str]:
+    """Serve ``worker``; with ``token`` every call must carry it (the real worker's check)."""
+    from hacrl_fed.worker.service import TokenCheck
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenCheck(token)] if token else [],
                          options=[("grpc.max_receive_message_length", 1 << 28)])
     wgrpc.add_AgentWorkerServicer_to_server(worker, server)
     port = server.add_insecure_port(address)
@@ -114,10 +119,13 @@ def main() -> None:
     ap.add_argument("--max-bytes", type=int, default=64 * 1024)
     ap.add_argument("--address-file", required=True)
     ap.add_argument("--log")
+    ap.add_argument("--token-file", help="the site's worker token file (read, or written when missing)")
     args = ap.parse_args()
     keys = Keys(own=load_signing_key(args.key), stranger=load_signing_key(args.stranger_key))
     cases = tuple(c for c in args.cases.split(",") if c)
-    server, address = serve(FakeWorker(args.name, keys, cases=cases, max_bytes=args.max_bytes, log_path=args.log))
+    token = ensure_token(args.token_file) if args.token_file else None
+    server, address = serve(FakeWorker(args.name, keys, cases=cases, max_bytes=args.max_bytes, log_path=args.log),
+                            token=token)
     Path(args.address_file).write_text(address + "\n")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

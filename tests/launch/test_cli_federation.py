@@ -128,6 +128,22 @@ def test_client_checks_signing_and_node_keys_exist(site):
     assert not (site / "runs").exists()
 
 
+def test_attaching_to_a_worker_needs_its_token_file(site):
+    """Issue 25 D3: the client reads the worker token the attached worker uses (default
+    runs/<agent>/worker.token); a missing file or one others can read stops it before anything starts."""
+    args = ("--name", "alice", "--model", "tiny-llama-bpe", "--worker-address", "127.0.0.1:9")
+    result = _client(*args)
+    assert result.exit_code == 2 and "--worker-token-file: " in _error_line(result)
+    assert "runs/alice/worker.token: no worker token file" in _error_line(result)
+    token = site / "shared" / "w.token"
+    token.parent.mkdir()
+    token.write_text("k" * 43 + "\n")
+    token.chmod(0o644)
+    result = _client(*args, "--worker-token-file", "shared/w.token")
+    assert result.exit_code == 2 and "accessible to other users" in _error_line(result)
+    assert not (site / "runs").exists()
+
+
 def test_config_and_usage_errors_exit_2_in_every_command(site):
     data = site / "d.jsonl"
     data.write_text('{"id": "1", "problem": "1+1?", "answer": "2"}\n')

@@ -126,7 +126,8 @@ workers = 1
             sys.executable, str(HELPERS / "fake_worker.py"), "--name", "mallory",
             "--key", str(self.fed.key_file("mallory")), "--stranger-key", str(self.fed.root / "eve.ed25519.key"),
             "--cases", ",".join(CASES), "--max-bytes", str(MAX_BATCH_BYTES), "--address-file", str(addr),
-            "--log", str(self.root / "mallory-calls.jsonl")])
+            "--log", str(self.root / "mallory-calls.jsonl"),
+            "--token-file", str(self.root / "sites" / "mallory" / "worker.token")])   # the client's default
         wait_for(lambda: addr.exists() or worker.poll() is not None, 60, "attacker worker address")
         return self.cli("mallory", "client", "--name", "mallory", "--model", "none", "--server",
                         f"127.0.0.1:{self.port}", "--root-certificates", str(self.ca),

@@ -66,7 +66,8 @@ def verifier():
 
 
 class Sites:
-    """Agent configs with keys in one shared roster; ``start(name)`` builds an AgentWorker."""
+    """Agent configs with keys in one shared roster; ``start(name)`` builds an AgentWorker (its site directory
+    ``<root>/<name>``, its checkpoints in ``<root>/<name>/checkpoints``)."""
 
     def __init__(self, root, cache: str, verifier, kinds: dict[str, str], **agent_kw) -> None:
         from hacrl_fed.config import AgentConfig, ModelConfig, OptimConfig
@@ -88,6 +89,7 @@ class Sites:
     def start(self, name: str, **kw):
         from hacrl_fed.worker.agent import AgentWorker
 
+        kw.setdefault("site_dir", self.root / name)
         self.workers[name] = AgentWorker(self.cfg[name], verifier=self.verifier, max_batch_sequences=16, **kw)
         return self.workers[name]
 

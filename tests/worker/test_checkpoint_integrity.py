@@ -184,6 +184,7 @@ def _worker_toml(sites, name, tmp_path, model_cache):
     cfg = sites.cfg[name]
     toml = tmp_path / f"{name}.toml"
     toml.write_text(
+        f'output_dir = "{tmp_path}/out"\n'
         f'[agent]\nname = "{name}"\nprivate_key = "{cfg.private_key}"\nroster = "{cfg.roster}"\n'
         f'checkpoint_dir = "{tmp_path}/ck"\n[agent.verifier]\nworkers = 1\n'
         f'[agent.model]\nname_or_path = "tiny-gemma-unigram"\ncache_dir = "{model_cache}"\n')
@@ -209,7 +210,8 @@ def test_sigterm_checkpoints_trained_steps_and_the_directory_is_locked(make_site
     proc = _start_worker(toml, tmp_path / "addr")
     try:
         assert (tmp_path / "addr").exists(), proc.communicate(timeout=30)
-        stub = connect((tmp_path / "addr").read_text().strip())[1]
+        token = (tmp_path / "out" / "carol" / "worker.token").read_text().strip()   # written by the worker
+        stub = connect((tmp_path / "addr").read_text().strip(), token)[1]
         for step in (1, 2):
             plan = make_plan(step)
             env = stub.Generate(wpb.GenerateRequest(plan=plan), timeout=120).envelope

@@ -66,6 +66,6 @@ def test_worker_reports_each_phase_with_tokens_and_mini_batches(make_sites, plan
     alice.evaluate(wpb.EvaluateRequest(run_id="run-a", prompts=items, samples=1,
                                        sampling=pb.SamplingParams(max_new_tokens=4)))
     assert any(w["phase"] == "evaluating" and w["problems"] == 1 for w in written)
-    alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path=str(tmp_path / "export")))
+    alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path="export"))
     assert [w["phase"] for w in written[-2:]] == ["exporting", "idle"]
     assert json.loads((tmp_path / "alice.json").read_text())["phase"] == "idle"

@@ -308,7 +308,7 @@ def test_fingerprint_is_chained_per_step_not_rehashed(make_sites, plans, monkeyp
     plan2 = make_plan(2)
     assert pb.RolloutBatch.FromString(alice.generate(plan2).envelope.payload).model_fingerprint == published
 
-    saved = alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE, path=str(tmp_path / "ck")))
+    saved = alice.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.SAVE, path="ck"))  # in the site
     meta = json.loads((Path(saved.path) / "state.json").read_text())
     assert meta["fingerprint"] == model_fingerprint(alice.model) != published
     assert meta["extra"]["published_fingerprint"] == published == alice.health().model_fingerprint
