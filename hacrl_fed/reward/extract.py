@@ -603,7 +603,7 @@ def _stated(doc: _Doc, style: str) -> tuple[Extraction | None, int]:
     return None, -1
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _extract(response: str, style: str) -> tuple[Extraction | None, _Doc | None]:
     """:func:`extract_final_answer` (``style`` already checked) and the :class:`_Doc` of the formatting-free text
     it read (``None`` for a ``task:<name>`` style), whose scans :func:`answer_end` reuses. The last few are kept:
