@@ -24,8 +24,9 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
 * **answer tail** (:func:`hacrl_fed.screens.rules.tail_decision`): text after the final stated answer
   (:func:`hacrl_fed.reward.extract.answer_end`) longer than ``budget_bytes`` is cut there (``policy =
   "cut"``, after the answer's closing punctuation) or the row is rejected (``"reject"``); a response longer than ``max_length_factor`` × the
-  median length of the other sources' responses to the same prompt (and longer than ``min_length_bytes``)
-  is rejected ("long but correct").
+  median length of **the learner's own** responses to the same prompt (and longer than ``min_length_bytes``)
+  is rejected ("long but correct"). Only the learner's own lengths count, so no peer, nor any coalition, can
+  move the bar another peer is judged by (:func:`hacrl_fed.screens.rules.length_reference`).
 * **quarantine** (:func:`hacrl_fed.screens.rules.quarantine_step`): a source more than ``flag_frac`` of whose rewarded rows of a
   step were screened (cut or left out), or whose reward claims the site's own verifier contradicts, has a
   *flagged* step; ``downweight_after`` flagged steps among the last ``memory`` multiply its rows' advantages
@@ -107,8 +108,8 @@ class TailScreenConfig(_Strict):
     """Text allowed after the final stated answer (closing punctuation, a short sentence). A cut keeps only the
     answer's closing punctuation: the budget bounds what passes untouched, never a kept piece of a longer tail."""
     max_length_factor: Annotated[float, Field(gt=1)] | None = 4.0
-    """A response longer than this × the median length of the other sources' responses to the same prompt is
-    rejected (None: no length screen)."""
+    """A response longer than this × the median length of the learner's own responses to the same prompt is
+    rejected (None: no length screen). The learner's own lengths only: a peer cannot move the reference."""
     min_length_bytes: Annotated[int, Field(ge=0)] = 256
     """The length screen never rejects a response of at most this many bytes."""
 

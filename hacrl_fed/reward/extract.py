@@ -38,7 +38,9 @@ Two rules apply on top of the table:
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 AnswerStyle = Literal["boxed", "gsm8k"]
@@ -93,8 +95,13 @@ def check_style(style: str) -> None:
     if not is_answer_style(style):
         shown = style[:80] if isinstance(style, str) else type(style).__name__
         raise ValueError(f"unknown answer style {shown!r}; expected one of {', '.join(ANSWER_STYLES)} or task:<name>")
+
+
+# Linear time: every pattern that sees response text is written so that a failed match attempt never
+# backtracks over a run it already consumed (possessive ``*+``/``++``; a lookbehind that starts a run only at
+# its first character), and the scans that many clauses share are done once per text (:class:`_Doc`).
 _MARKER_RE = re.compile(
-    r"(?:final\s+answer|the\s+answer|\banswer)\s*(?:\*\*)?\s*(?:is\s*:?|:|=)[ \t*]*",
+    r"(?:final\s+answer|the\s+answer|\banswer)\s*+(?:\*\*)?+\s*+(?:is\s*:?|:|=)[ \t*]*",
     re.IGNORECASE,
 )
 _SPACE_RE = re.compile(r"\s*")
@@ -104,9 +111,13 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _SENTENCE_END_RE = re.compile(r"(?<!\\)[.!?](?=\s|$)|\n")
 # Prose after a math answer: a word of 2+ letters not preceded by a backslash (LaTeX command),
 # except the list connectors "and"/"or" that join multi-part answers ("1331 and 1728").
-_PROSE_RE = re.compile(r"\s+(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)")
-_OPENS_WITH_WORD_RE = re.compile(r"\s*(?:\*\*)?\s*[A-Za-z]{2,}\b")
-_LEADING_WORD_RE = re.compile(r"\s*(?!(?:and|or)\b)[A-Za-z]{2,}\b")
+# A match starts only at the first whitespace of a run (all of a run's positions see the same next word).
+_PROSE_RE = re.compile(r"(?<!\s)\s++(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)")
+_OPENS_WITH_WORD_RE = re.compile(r"\s*+(?:\*\*)?+\s*+[A-Za-z]{2,}\b")
+_LEADING_WORD_RE = re.compile(r"\s*+(?!(?:and|or)\b)[A-Za-z]{2,}\b")
+_CONNECTORS = ("and", "or")
+_OPEN_CHARS = "([—–-"
+"""Besides whitespace, what is dropped before a correction cue (``5 (no, 6)``: ``5``)."""
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)"), ("**", "**"))
 
 # Text-formatting commands whose argument is shown as is (\text{12} is 12); \textcolor{red}{12} too.
@@ -132,9 +143,17 @@ _CORRECTION_RE = re.compile(
     rf"|(?<![A-Za-z'’])(?P<mean>i\s+mean(?:t)?)(?![A-Za-z'’])[\s,:]*",
     re.IGNORECASE,
 )
+# Where a correction starts: _CORRECTION_RE matches at a position exactly when one of these does (the rest of
+# it is optional); without the lookbehind, for the first position of a clause (nothing before it).
+_CUE_START_RE = re.compile(rf"(?<![A-Za-z'’])(?:{_CUE}|i\s+mean(?:t)?)(?![A-Za-z'’])", re.IGNORECASE)
+_CUE_HEAD_RE = re.compile(rf"(?:{_CUE}|i\s+mean(?:t)?)(?![A-Za-z'’])", re.IGNORECASE)
 _CORRECTION_WINDOW = 300  # a corrected value lies within this many characters of its cue
-# After the new value: ", not 5" / "instead of 5" / "rather than 5" (the value it replaces).
-_NEGATED_ALT_RE = re.compile(r"[\s,;(—–-]*(?:not|instead\s+of|rather\s+than)\b.*", re.IGNORECASE | re.DOTALL)
+# After the new value: ", not 5" / "instead of 5" / "rather than 5" (the value it replaces): the tail is cut
+# where this first matches (a match starts at the first character of a run of the leading class).
+_NEGATED_ALT_RE = re.compile(r"(?<![\s,;(—–-])[\s,;(—–-]*+(?:not|instead\s+of|rather\s+than)\b", re.IGNORECASE)
+_INSTEAD_RE = re.compile(r"\binstead\b", re.IGNORECASE)
+_DIGIT_OR_EQUALS_RE = re.compile(r"[\d=]")
+_RESTATED_EQUATION_RE = re.compile(r"((?:[\d\s.,+\-*/()^{}]|\\(?:times|cdot|div|frac))+)=([^=]+)")
 _WORD_RE = re.compile(r"[A-Za-z][A-Za-z'’]*")
 # Words that turn "<cue> 7 <word>" into a statement about 7 rather than a new answer.
 _NOT_A_UNIT = frozenset(
@@ -210,17 +229,19 @@ def _brace_depth_change(text: str, start: int, end: int) -> int:
             - text.count("}", start, end) + text.count("\\}", start, end))
 
 
-def _prose_start(seg: str) -> int | None:
-    """Index of the first prose word of ``seg`` outside braces (``12 \\text{ apples} in all`` → at
-    `` in``), 0 when ``seg`` opens with a word, ``None`` when it has no prose."""
-    if _LEADING_WORD_RE.match(seg):
-        return 0
-    depth, pos = 0, 0
-    for p in _PROSE_RE.finditer(seg):
+def _prose_start(seg: str, lo: int = 0, hi: int | None = None) -> int | None:
+    """Index of the first prose word of ``seg[lo:hi]`` outside braces (``12 \\text{ apples} in all`` → at
+    `` in``), 0 when it opens with a word, ``None`` when it has no prose; relative to ``lo``, as if the slice
+    were a string of its own (``seg`` is not copied). Scans no further than the index it returns."""
+    hi = len(seg) if hi is None else hi
+    if _LEADING_WORD_RE.match(seg, lo, hi):
+        return 0   # (also any whitespace run at lo that _PROSE_RE's lookbehind would skip: it sees seg[lo - 1])
+    depth, pos = 0, lo
+    for p in _PROSE_RE.finditer(seg, lo, hi):
         depth += _brace_depth_change(seg, pos, p.start())
         pos = p.start()
         if depth <= 0:
-            return p.start()
+            return p.start() - lo
     return None
 
 
@@ -293,87 +314,240 @@ def strip_formatting(text: str) -> str:
 
 
 def _unwrap(ans: str) -> str:
-    ans = ans.strip()
+    """``ans`` without the wrappers around it (``$..$``, ``\\[..\\]``, ``**..**`` …, repeatedly) and without
+    trailing ``.,;:``. Works on indices (no copy per layer): linear however many layers there are."""
+    lo, hi = 0, len(ans)
+    while lo < hi and ans[lo].isspace():
+        lo += 1
+    while hi > lo and ans[hi - 1].isspace():
+        hi -= 1
     changed = True
-    while changed and ans:
+    while changed and lo < hi:
         changed = False
         for left, right in _WRAPPERS:
-            if ans.startswith(left) and ans.endswith(right) and len(ans) >= len(left) + len(right):
-                ans = ans[len(left) : len(ans) - len(right)].strip()
+            if (hi - lo >= len(left) + len(right) and ans.startswith(left, lo, hi)
+                    and ans.endswith(right, lo, hi)):
+                lo, hi = lo + len(left), hi - len(right)
+                while lo < hi and ans[lo].isspace():
+                    lo += 1
+                while hi > lo and ans[hi - 1].isspace():
+                    hi -= 1
                 changed = True
-        if ans.endswith((".", ",", ";", ":")):
-            ans = ans[:-1].rstrip()
+        if ans.endswith((".", ",", ";", ":"), lo, hi):
+            # the whole run of them and whitespace at once: no wrapper ends with one, so none can apply before
+            hi -= 1
+            while hi > lo and (ans[hi - 1] in ".,;:" or ans[hi - 1].isspace()):
+                hi -= 1
             changed = True
-    return ans
+    return ans[lo:hi]
 
 
-def _clause(text: str, start: int, limit: int | None = None) -> tuple[str, int]:
+def _rstrip_open(seg: str, hi: int, lo: int = 0) -> int:
+    """``hi`` moved back over whitespace and ``( [ — – -`` (what ends ``seg[lo:hi]`` before a correction cue)."""
+    while hi > lo and (seg[hi - 1].isspace() or seg[hi - 1] in _OPEN_CHARS):
+        hi -= 1
+    return hi
+
+
+def _drop_connector(seg: str) -> str:
+    """``seg`` without a trailing ``and``/``or`` and the whitespace around it (``1331 and`` → ``1331``); only
+    one, and only a whole word after whitespace (what ``re.sub(r"\\s+(?:and|or)\\s*$", "", seg)`` does)."""
+    body = seg.rstrip()
+    for word in _CONNECTORS:
+        if body.endswith(word) and len(body) > len(word) and body[-len(word) - 1].isspace():
+            return body[: -len(word)].rstrip()
+    return seg
+
+
+class _Doc:
+    """One text under extraction and the scans its clauses share, each made once, when first needed: where its
+    sentences end, where its ``$`` are, each sentence's correction cues, and the answers and corrections
+    already found. With them a clause costs about the length of its answer, not the rest of its sentence, so
+    many markers in one sentence (``The answer is , The answer is , …``) stay linear."""
+
+    __slots__ = ("text", "_ends", "_dollars", "_sentences", "_stated", "_corrections")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._ends: list[int] | None = None
+        self._dollars: list[int] | None = None
+        self._sentences: dict[tuple[int, bool], tuple[str, list[int] | None]] = {}
+        self._stated: dict[str, tuple[Extraction | None, int]] = {}
+        self._corrections: dict[int, list[tuple[int, str]]] = {}
+
+    def _sentence_ends(self) -> list[int]:
+        if self._ends is None:
+            self._ends = [m.start() for m in _SENTENCE_END_RE.finditer(self.text)]
+        return self._ends
+
+    def sentence_end(self, start: int, stop: int) -> int | None:
+        """Where ``_SENTENCE_END_RE.search(text, start, stop)`` matches (``None``: nowhere), from the text's
+        sentence ends: they are the window's too, except that a ``.``/``!``/``?`` just before ``stop`` ends the
+        window's sentence whatever follows it."""
+        ends, text = self._sentence_ends(), self.text
+        i = bisect_left(ends, start)
+        if i < len(ends) and ends[i] < stop - 1:
+            return ends[i]
+        q = stop - 1
+        if q >= start and (text[q] == "\n" or (text[q] in ".!?" and not (q > 0 and text[q - 1] == "\\"))):
+            return q
+        return None
+
+    def dollars(self, start: int, end: int) -> int:
+        """``text[start:end].count("$")``."""
+        if self._dollars is None:
+            self._dollars = [m.start() for m in re.finditer(r"\$", self.text)]
+        return bisect_left(self._dollars, end) - bisect_left(self._dollars, start)
+
+    def sentence(self, start: int, blank_dollars: bool) -> tuple[str, int]:
+        """``(S, o)``: ``S`` is the text from the start of the sentence holding ``start`` to its end (its ``$``
+        blanked when ``blank_dollars``), ``S[o:]`` the clause at ``start``."""
+        ends = self._sentence_ends()
+        i = bisect_left(ends, start)
+        begin = ends[i - 1] + 1 if i > 0 else 0
+        key = (begin, blank_dollars)
+        if key not in self._sentences:
+            end = ends[i] if i < len(ends) else len(self.text)
+            sentence = self.text[begin:end]
+            self._sentences[key] = (sentence.replace("$", " ") if blank_dollars else sentence, None)
+        return self._sentences[key][0], start - begin
+
+    def first_cue(self, start: int, blank_dollars: bool) -> int | None:
+        """Where the first correction cue of the clause at ``start`` starts, relative to ``start`` (what
+        ``_CORRECTION_RE.search(clause)`` finds, the clause a string of its own), or ``None``."""
+        sentence, o = self.sentence(start, blank_dollars)
+        if _CUE_HEAD_RE.match(sentence, o):
+            return 0
+        key = (start - o, blank_dollars)
+        cues = self._sentences[key][1]
+        if cues is None:   # every position of the sentence where a cue starts (each tried once: linear)
+            cues, q = [], 0
+            while (m := _CUE_START_RE.search(sentence, q)) is not None:
+                cues.append(m.start())
+                q = m.start() + 1
+            self._sentences[key] = (sentence, cues)
+        i = bisect_left(cues, o + 1)
+        return cues[i] - o if i < len(cues) else None
+
+    def stated(self, style: str) -> tuple[Extraction | None, int]:
+        if style not in self._stated:
+            self._stated[style] = _stated(self, style)
+        return self._stated[style]
+
+    def corrections(self, start: int = 0) -> list[tuple[int, str]]:
+        if start not in self._corrections:
+            self._corrections[start] = list(self._iter_corrections(start))
+        return self._corrections[start]
+
+    def first_correction(self) -> tuple[int, str] | None:
+        if 0 in self._corrections:
+            return next(iter(self._corrections[0]), None)
+        return next(self._iter_corrections(0), None)
+
+    def _iter_corrections(self, start: int):
+        for m in _CORRECTION_RE.finditer(self.text, start):
+            value = _corrected_value(self, m)
+            if value:
+                yield m.start(), value
+
+
+def _clause(doc: _Doc, start: int, limit: int | None = None) -> tuple[str, int]:
     """``(answer, end)``: the math at ``start`` up to the end of its sentence (or line, or the
     first correction cue), prose words trimmed; ``end`` is where the kept text stops. The answer is
     empty when the clause opens with a word (``To answer: we add them``). ``limit`` bounds how far
-    the sentence is looked for."""
+    the sentence is looked for.
+
+    The clause is ``text[start:]`` up to its sentence end, its ``$`` blanked when it holds an odd number of
+    them. Without ``limit`` it is read in place in its sentence (:meth:`_Doc.sentence`), its first cue looked
+    up (:meth:`_Doc.first_cue`): the cost is the length of the answer, not of the rest of the sentence."""
+    text = doc.text
     if _OPENS_WITH_WORD_RE.match(text, start):  # before the sentence scan: keeps many markers linear
         return "", start
     stop = len(text) if limit is None else min(len(text), start + limit)
-    m = _SENTENCE_END_RE.search(text, start, stop)
-    seg = text[start : m.start() if m else stop]
-    seg = seg.replace("$", " ") if seg.count("$") % 2 else seg
-    if _OPENS_WITH_WORD_RE.match(seg):
+    s_end = doc.sentence_end(start, stop)
+    end = stop if s_end is None else s_end
+    blank = doc.dollars(start, end) % 2 == 1
+    if limit is None:
+        seg, lo = doc.sentence(start, blank)
+        hi = lo + (end - start)
+        cue = doc.first_cue(start, blank)
+    else:   # a short window: a copy of it
+        seg, lo = text[start:end], 0
+        seg = seg.replace("$", " ") if blank else seg
+        hi = len(seg)
+        found = _CORRECTION_RE.search(seg)
+        cue = found.start() if found else None
+    if _OPENS_WITH_WORD_RE.match(seg, lo, hi):
         return "", start
-    cue = _CORRECTION_RE.search(seg)
-    if cue:  # "5, no wait, it is 7": this clause's answer ends where the correction starts
-        seg = re.sub(r"[\s(\[—–-]+$", "", seg[: cue.start()])
-    p = _prose_start(seg)
-    if p is not None:
-        seg = seg[:p]
-    seg = re.sub(r"\s+(?:and|or)\s*$", "", seg)
-    return _unwrap(seg), start + len(seg)
+    if cue is not None:  # "5, no wait, it is 7": this clause's answer ends where the correction starts
+        hi = lo + cue
+        p = _prose_start(seg, lo, hi)
+        # a prose word before the cue ends the answer where it would have on the clause cut at the cue
+        hi = lo + p if p is not None else _rstrip_open(seg, hi, lo)
+    else:
+        p = _prose_start(seg, lo, hi)
+        if p is not None:
+            hi = lo + p
+    kept = _drop_connector(seg[lo:hi])
+    return _unwrap(kept), start + len(kept)
 
 
-def _after_marker(text: str) -> tuple[str, int] | None:
+def _after_marker(doc: _Doc) -> tuple[str, int] | None:
     """``(answer, end)`` after the last answer marker that is followed by one."""
+    text = doc.text
     for marker in reversed(list(_MARKER_RE.finditer(text))):
         # "The answer is:\n\n$$13$$" — the answer may open the next non-empty line.
         start = _SPACE_RE.match(text, marker.end()).end()
-        ans, end = _clause(text, start)
+        ans, end = _clause(doc, start)
         if ans:
             return ans, end
     return None
 
 
-def _after_last_equals(text: str) -> tuple[str, int] | None:
+def _after_last_equals(doc: _Doc) -> tuple[str, int] | None:
     """``(answer, end)``: the right-hand side of the last ``=``, if no digit follows it (``8 + 7 = 15``)."""
+    text = doc.text
     equals = list(re.finditer(r"(?<![<>!=\\])=(?!=)", text))
     if not equals:
         return None
-    ans, end = _clause(text, equals[-1].end())
+    ans, end = _clause(doc, equals[-1].end())
     if not ans or re.search(r"\d", text[end:]):
         return None
     return ans, end
 
 
-def _corrected_value(text: str, m: re.Match) -> str | None:
+def _corrected_value(doc: _Doc, m: re.Match) -> str | None:
     """The new value a correction cue match introduces, or ``None`` if what follows the cue is not
     a restated answer (see :func:`find_corrections`)."""
+    text = doc.text
     start = m.end()
-    ans, end = _clause(text, start, _CORRECTION_WINDOW)
+    ans, end = _clause(doc, start, _CORRECTION_WINDOW)
     if not ans or ans[0] in ",;:)]}":
         return None
     if ans.endswith((")", "]")) and ans.count("(") + ans.count("[") < ans.count(")") + ans.count("]"):
         ans = ans[:-1].rstrip()  # "(no, 6)": the bracket closes the aside, not the value
     stop = min(len(text), start + _CORRECTION_WINDOW)
-    s_end = _SENTENCE_END_RE.search(text, end, stop)
-    if s_end and s_end.group(0) == "?":
+    s_end = doc.sentence_end(end, stop)
+    if s_end is not None and text[s_end] == "?":
         return None  # "Wait, 7?" doubts, it does not state
-    tail = _NEGATED_ALT_RE.sub("", text[end : s_end.start() if s_end else stop], count=1)
-    tail = re.sub(r"\binstead\b", " ", tail, flags=re.IGNORECASE)
-    words = _WORD_RE.findall(tail)
-    restated = m.group("restate") is not None or m.group("mean") is not None
-    if re.search(r"[\d=]", tail) or len(words) > (2 if restated else 1):
+    tail = text[end : stop if s_end is None else s_end]
+    # The tail up to a rejected alternative (", not 5"), "instead" dropped: no digit, at most one unit word.
+    # A digit before any alternative settles it, whatever follows (no scan of the rest).
+    digit = _DIGIT_OR_EQUALS_RE.search(tail)
+    alt = _NEGATED_ALT_RE.search(tail, 0, len(tail) if digit is None else digit.start() + 1)
+    if digit is not None and alt is None:
         return None
+    tail = _INSTEAD_RE.sub(" ", tail if alt is None else tail[: alt.start()])
+    restated = m.group("restate") is not None or m.group("mean") is not None
+    most = 2 if restated else 1
+    words = []
+    for w in _WORD_RE.finditer(tail):
+        words.append(w.group(0))
+        if len(words) > most:
+            return None
     if any(w.lower() in _NOT_A_UNIT for w in words):
         return None
-    eq = re.fullmatch(r"((?:[\d\s.,+\-*/()^{}]|\\(?:times|cdot|div|frac))+)=\s*([^=]+)", ans)
+    eq = _RESTATED_EQUATION_RE.fullmatch(ans)
     if eq and re.search(r"\d", eq.group(1)):  # "Actually, 5 + 2 = 7." restates 7
         ans = eq.group(2).strip()
     return ans or None
@@ -395,16 +569,12 @@ def find_corrections(text: str, start: int = 0) -> list[tuple[int, str]]:
     >>> find_corrections("The answer is 5, no wait, it is 7. Wait, 7 apples were eaten.")
     [(17, '7')]
     """
-    out = []
-    for m in _CORRECTION_RE.finditer(text, start):
-        value = _corrected_value(text, m)
-        if value:
-            out.append((m.start(), value))
-    return out
+    return list(_Doc(text).corrections(start))
 
 
-def _stated(text: str, style: str) -> tuple[Extraction | None, int]:
+def _stated(doc: _Doc, style: str) -> tuple[Extraction | None, int]:
     """The stated answer by the module table and the index where it ends (-1 without one)."""
+    text = doc.text
     boxed, end = _last_boxed_span(text)
     if boxed is not None:
         return (Extraction(boxed, "boxed"), end) if boxed else (None, -1)
@@ -420,10 +590,10 @@ def _stated(text: str, style: str) -> tuple[Extraction | None, int]:
             ans = _unwrap(line.replace("$", " ").strip())
             if ans:
                 return Extraction(ans, "hashes"), start + len(line)
-    marker = _after_marker(text)
+    marker = _after_marker(doc)
     if marker:
         return Extraction(marker[0], "marker"), marker[1]
-    eq = _after_last_equals(text)
+    eq = _after_last_equals(doc)
     if eq:
         return Extraction(eq[0], "equation"), eq[1]
     if style == "gsm8k":
@@ -431,6 +601,28 @@ def _stated(text: str, style: str) -> tuple[Extraction | None, int]:
         if numbers:
             return Extraction(numbers[-1].group(0), "final_number"), numbers[-1].end()
     return None, -1
+
+
+@lru_cache(maxsize=4)
+def _extract(response: str, style: str) -> tuple[Extraction | None, _Doc | None]:
+    """:func:`extract_final_answer` (``style`` already checked) and the :class:`_Doc` of the formatting-free text
+    it read (``None`` for a ``task:<name>`` style), whose scans :func:`answer_end` reuses. The last few are kept:
+    a learner's screens ask for the answer and the answer end of one row several times."""
+    if task_of_style(style) is not None:  # a procedural task's answer: the last box, verbatim
+        boxed = _last_boxed_span(response)[0]
+        return (Extraction(boxed, "boxed") if boxed and boxed.strip() else None), None
+    doc = _Doc(strip_formatting(response))
+    found, end = doc.stated(style)
+    corrections = doc.corrections(end) if found is not None else []
+    if found is None and _BOXED_RE.search(doc.text) is None:
+        # "8 + 7 = 15. No wait, it is 16.": the answer stated before the first correction
+        first = doc.first_correction()
+        if first is not None:
+            found, end = _Doc(doc.text[: first[0]]).stated(style)
+            corrections = doc.corrections(end) if found is not None else []
+    if found is not None and corrections:
+        return Extraction(corrections[-1][1], "correction"), doc
+    return found, doc
 
 
 def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extraction | None:
@@ -441,6 +633,9 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
 
     Raises ``ValueError`` for an unknown style. Returns ``None`` when nothing is stated, which
     makes the response incorrect: an echo of the problem is not an answer.
+
+    Linear time in the length of ``response``: a learner runs it in-process, with no time bound, on every
+    peer row (``tests/reward/test_extract_cpu_bound.py`` times crafted rows at the length cap).
 
     >>> extract_final_answer("To calculate 9 + 4, we need to add 9 and 4.") is None
     True
@@ -454,21 +649,7 @@ def extract_final_answer(response: str, style: AnswerStyle = "boxed") -> Extract
     (Extraction(answer='12', source='boxed'), Extraction(answer='7', source='correction'))
     """
     check_style(style)
-    if task_of_style(style) is not None:  # a procedural task's answer: the last box, verbatim
-        boxed = _last_boxed_span(response)[0]
-        return Extraction(boxed, "boxed") if boxed and boxed.strip() else None
-    text = strip_formatting(response)
-    found, end = _stated(text, style)
-    corrections = find_corrections(text, end) if found is not None else []
-    if found is None and _BOXED_RE.search(text) is None:
-        # "8 + 7 = 15. No wait, it is 16.": the answer stated before the first correction
-        first = next(iter(find_corrections(text)), None)
-        if first is not None:
-            found, end = _stated(text[: first[0]], style)
-            corrections = find_corrections(text, end) if found is not None else []
-    if found is not None and corrections:
-        return Extraction(corrections[-1][1], "correction")
-    return found
+    return _extract(response, style)[0]
 
 
 def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
@@ -479,7 +660,7 @@ def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
     Exact for a ``\\boxed`` answer and whenever the text after the answer holds no formatting command;
     otherwise the tail is measured on the text with formatting removed (:func:`strip_formatting`), so it may
     come out a few characters short. A self-correction ends the answer after its new value. Raises
-    ``ValueError`` for an unknown style.
+    ``ValueError`` for an unknown style. Linear time, as :func:`extract_final_answer` (whose scans it reuses).
 
     >>> r = r"So 2 + 3 = 5, the answer is \\boxed{5}. Visit example.org!"
     >>> r[answer_end(r):]
@@ -487,15 +668,16 @@ def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
     >>> answer_end("no answer here") is None
     True
     """
-    found = extract_final_answer(response, style)
+    check_style(style)
+    found, doc = _extract(response, style)
     if found is None:
         return None
-    if found.source == "boxed":
+    if found.source == "boxed" or doc is None:
         return _last_boxed_span(response)[1]
-    text = strip_formatting(response)
-    stated, end = _stated(text, style)
+    text = doc.text
+    stated, end = doc.stated(style)
     if found.source == "correction":
-        cue = find_corrections(text, max(end, 0))[-1][0]
+        cue = doc.corrections(max(end, 0))[-1][0]
         at = text.find(found.answer, cue)
         end = at + len(found.answer) if at >= 0 else end
     if end < 0:
@@ -519,11 +701,26 @@ def reference_answer(reference: str) -> str:
     return reference.strip()
 
 
+def _paren_partners(text: str) -> dict[int, int]:
+    """Index of each ``(`` of ``text`` → index of the ``)`` that closes it (an unclosed one is left out)."""
+    partners, stack = {}, []
+    for m in re.finditer(r"[()]", text):
+        if m.group(0) == "(":
+            stack.append(m.start())
+        elif stack:
+            partners[stack.pop()] = m.start()
+    return partners
+
+
 def _fix_paren_command(text: str, command: str, n_args: int) -> str:
-    """``\\sqrt(2)`` → ``\\sqrt{2}``; ``\\frac(1)(2)`` → ``\\frac{1}{2}`` (balanced parentheses)."""
+    """``\\sqrt(2)`` → ``\\sqrt{2}``; ``\\frac(1)(2)`` → ``\\frac{1}{2}`` (balanced parentheses; the
+    partners are found in one pass, so many unclosed ``\\sqrt(`` stay linear)."""
+    if command not in text:
+        return text
     out = []
     i = 0
     pat = re.compile(re.escape(command) + r"\s*\(")
+    partners = _paren_partners(text)
     while True:
         m = pat.search(text, i)
         if not m:
@@ -534,13 +731,8 @@ def _fix_paren_command(text: str, command: str, n_args: int) -> str:
         for _ in range(n_args):
             if j >= len(text) or text[j] != "(":
                 break
-            depth, k = 0, j
-            while k < len(text):
-                depth += {"(": 1, ")": -1}.get(text[k], 0)
-                if depth == 0:
-                    break
-                k += 1
-            if depth:
+            k = partners.get(j)
+            if k is None:
                 break  # unbalanced: leave the rest as is
             out.append("{" + text[j + 1 : k] + "}")
             j = k + 1
@@ -598,6 +790,6 @@ def is_numeric_literal(text: str) -> bool:
     s = s.replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = re.sub(r"^[A-Za-z]\w*=", "", s)
     s = re.sub(r"(?<=\d),(?=\d{3}(?:\D|$))", "", s)
-    s = re.sub(r"[A-Za-z]+$", "", s) if re.search(r"\d[A-Za-z]+$", s) else s
+    s = re.sub(r"(?<![A-Za-z])[A-Za-z]++$", "", s) if re.search(r"\d[A-Za-z]++$", s) else s
     s = s[1:-1] if s.startswith("(") and s.endswith(")") and s.count("(") == 1 else s
     return any(r.match(s) for r in _LITERAL_RES)

@@ -30,6 +30,7 @@ from hacrl_fed.reward.extract import answer_end, extract_final_answer
 from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams
 from hacrl_fed.screens.rules import (
     SourceStanding,
+    length_reference,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
@@ -226,8 +227,9 @@ class SiteGuard:
         source), then the answer-tail and length screens on each row and the phrase screen on each source's
         rows (cut copies replace cut rows).
 
-        ``own_texts`` are the learner's own responses (part of every prompt's length reference, and their
-        phrases are never cut); ``styles`` maps prompt id → answer style (default ``boxed``); ``rewards`` the
+        ``own_texts`` are the learner's own responses (every prompt's length reference, the only one: a peer's
+        rows never move the bar another peer is judged by, :func:`hacrl_fed.screens.rules.length_reference`; and
+        their phrases are never cut); ``styles`` maps prompt id → answer style (default ``boxed``); ``rewards`` the
         rewards trained on (default: the rollouts' own), which tell the rewarded rows that flag a step;
         ``prompt_texts`` maps prompt id → problem text (its phrases are never cut). The text screens also run
         on a quarantined source's rows: they decide whether its step was clean.
@@ -235,12 +237,10 @@ class SiteGuard:
         if not self.cfg.enabled:
             return {s: list(rs) for s, rs in foreign.items()}
         styles = styles or {}
-        lengths: dict[str, list[tuple[str, int]]] = {}
+        own_bytes: dict[str, list[int]] = {}
         for (pid, _), text in own_texts.items():
-            lengths.setdefault(pid, []).append((self.learner, len(text.lstrip().encode("utf-8"))))
-        for src, rs in foreign.items():
-            for r in rs:
-                lengths.setdefault(r.prompt_id, []).append((src, len(r.response_text.lstrip().encode("utf-8"))))
+            own_bytes.setdefault(pid, []).append(len(text.lstrip().encode("utf-8")))
+        step_bytes = [n for ns in own_bytes.values() for n in ns]
         excluded = ({g for t in [*own_texts.values(), *(prompt_texts or {}).values()]
                      for g in word_ngrams(t, self.cfg.phrase.ngram_words)} if self.cfg.phrase.enabled else set())
         out: dict[str, list[pb.Rollout]] = {}
@@ -255,8 +255,7 @@ class SiteGuard:
                 end = answer_end(content, styles.get(r.prompt_id) or "boxed")
                 end_bytes = None if end is None else len(content[:end].encode("utf-8"))
                 closing = 0 if end is None else len(_CLOSING.match(content, end).group(0).rstrip().encode("utf-8"))
-                others = [n for s, n in lengths.get(r.prompt_id, []) if s != src]
-                ref = statistics.median(others) if others else None
+                ref = length_reference(own_bytes.get(r.prompt_id, ()), step_bytes)
                 d = tail_decision(nbytes, end_bytes, ref, self.cfg.tail, closing)
                 if d.action == "keep":
                     kept.append(r)

@@ -18,6 +18,7 @@ __all__ = [
     "LikelihoodDecision",
     "SourceStanding",
     "TailDecision",
+    "length_reference",
     "likelihood_decision",
     "per_byte_loglik",
     "quarantine_step",
@@ -105,6 +106,26 @@ class TailDecision:
     screen: Literal["", "tail", "length"] = ""
 
 
+def length_reference(own_bytes: Sequence[int], step_bytes: Sequence[int] = ()) -> float | None:
+    """The length the length screen compares a foreign response with (:func:`tail_decision`'s ``reference_bytes``):
+    the median UTF-8 bytes of **this learner's own** responses to the same prompt (``own_bytes``), or, when it has
+    none to that prompt, of all its own responses of the step (``step_bytes``); ``None`` without any (then there
+    is no length screen).
+
+    Only the learner's own responses count, never a peer's. The reference used to be the median of the other
+    sources' responses to the prompt, the learner's and every other peer's: one member answering every prompt
+    with a bare ``\\boxed{N}`` pulled it down so far that an honest peer answering at ≈ 3× the learner's length
+    was length-rejected, down-weighted at step 1 and quarantined at step 3, and two members padding every answer
+    raised it for each other until both passed. The learner's own distribution is the one no peer can write
+    to: no single source, nor any coalition of sources, moves the bar another source is judged by. The screen
+    keeps its purpose (a response padded to many times what this learner needs for the prompt is rejected),
+    and with one peer, as in the default pair, the reference is the same as before.
+    """
+    if own_bytes:
+        return float(statistics.median(own_bytes))
+    return float(statistics.median(step_bytes)) if step_bytes else None
+
+
 def tail_decision(response_bytes: int, answer_end_bytes: int | None, reference_bytes: float | None,
                   cfg: TailScreenConfig, closing_bytes: int = 0) -> TailDecision:
     """Keep, cut or reject one foreign response by its answer tail and its length (module docstring).
@@ -113,8 +134,8 @@ def tail_decision(response_bytes: int, answer_end_bytes: int | None, reference_b
         response_bytes: UTF-8 bytes of the response (content, leading whitespace excluded).
         answer_end_bytes: bytes of the response up to the end of its final stated answer (None: no stated
             answer — the tail screen does not apply; such a row earns no reward).
-        reference_bytes: the length the plan needs: the median bytes of the other sources' responses to the
-            same prompt (None: unknown — no length screen).
+        reference_bytes: the length the prompt needs: the median bytes of this learner's own responses to it
+            (:func:`length_reference`, which no peer can move; None: unknown — no length screen).
         cfg: the tail screen's settings.
         closing_bytes: bytes of closing punctuation right after the answer (``.``, ``$.``, ``)``) that a cut keeps.
     """
@@ -123,7 +144,7 @@ def tail_decision(response_bytes: int, answer_end_bytes: int | None, reference_b
     if (cfg.max_length_factor is not None and reference_bytes is not None
             and response_bytes > max(cfg.min_length_bytes, cfg.max_length_factor * reference_bytes)):
         return TailDecision("reject", f"length: {response_bytes} bytes > {cfg.max_length_factor:g} × {reference_bytes:.0f} "
-                            "(median of the other sources' responses to this prompt)", screen="length")
+                            "(median of this learner's own responses to this prompt)", screen="length")
     if answer_end_bytes is not None:
         tail = response_bytes - answer_end_bytes
         if tail > cfg.budget_bytes:

@@ -131,6 +131,59 @@ def test_reject_policy_and_long_answers():
     assert metrics["src/mallory/screened_tail_reject"] == 1 and metrics["src/mallory/screened_length"] == 1
 
 
+FILLER = "We add the two numbers together and check the sum once more."
+
+
+def _own_reasoned(pid: str) -> str:
+    """The learner's own answer: one sentence of reasoning (≈ 100 bytes)."""
+    i = int(pid[1:])
+    return f"{i} + 2 = {i + 2}. {FILLER} So the answer is \\boxed{{{i + 2}}}."
+
+
+def _verbose(pid: str, fillers: int = 4) -> str:
+    """An honest, more verbose peer: the same reasoning at ≈ 3× the learner's length (its sentences are the
+    learner's own, so the recurring-phrase screen leaves them alone)."""
+    i = int(pid[1:])
+    return f"{i} + 2 = {i + 2}. " + f"{FILLER} " * fillers + f"So the answer is \\boxed{{{i + 2}}}."
+
+
+@pytest.mark.parametrize("bare_sources", [1, 2])
+def test_bare_answers_cannot_get_a_longer_honest_peer_length_rejected(bare_sources):
+    """Issue 25 D2: a member (or two) answering every prompt with a bare ``\\boxed{N}`` must not move the length
+    reference so that an honest peer with ≈ 3× the learner's length is length-rejected, down-weighted at step 1
+    and quarantined at step 3. The reference is the learner's own responses, which no peer can move."""
+    own = {(pid, j): _own_reasoned(pid) for pid in REFS for j in range(2)}
+    honest = [rollout(pid, j, _verbose(pid)) for pid in REFS for j in range(2)]
+    ratio = len(_verbose("q0").encode()) / len(_own_reasoned("q0").encode())
+    assert 2.5 < ratio < 3.5 and len(_verbose("q0").encode()) > ScreenConfig().tail.min_length_bytes
+    bare = {f"bare{k}": [rollout(pid, j, f"\\boxed{{{int(pid[1:]) + 2}}}") for pid in REFS for j in range(2)]
+            for k in range(bare_sources)}
+    g = guard()
+    for step in (1, 2, 3):
+        g.begin_step(step, own)
+        out = g.screen_text({"honest": honest, **bare}, own)
+        assert [r.response_text for r in out["honest"]] == [r.response_text for r in honest]
+        metrics, refused = g.finish_step(["honest", *bare])
+        assert metrics["src/honest/screened_length"] == 0 and metrics["src/honest/screened_rows"] == 0
+        assert metrics["src/honest/flagged"] == 0 and metrics["src/honest/standing"] == 0 and not refused
+        assert g.weight("honest") == 1.0
+
+
+def test_two_padding_sources_cannot_shield_each_other():
+    """The other way round: two sources that both pad every answer (≈ 10× the learner) are both length-rejected;
+    each one's padding must not raise the reference the other is judged by."""
+    own = {(pid, j): _own_reasoned(pid) for pid in REFS for j in range(2)}
+    padded = {src: [rollout(pid, j, _verbose(pid, fillers=16)) for pid in REFS for j in range(2)]
+              for src in ("pad1", "pad2")}
+    g = guard()
+    g.begin_step(1, own)
+    out = g.screen_text(padded, own)
+    assert out == {"pad1": [], "pad2": []}
+    metrics, _ = g.finish_step(["pad1", "pad2"])
+    assert metrics["src/pad1/screened_length"] == metrics["src/pad2/screened_length"] == 8
+    assert metrics["src/pad1/flagged"] == metrics["src/pad2/flagged"] == 1
+
+
 class Row(SimpleNamespace):
     pass
 

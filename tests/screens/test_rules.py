@@ -18,6 +18,7 @@ from hacrl_fed.algo.screens import (
 from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams
 from hacrl_fed.screens.rules import (
     SourceStanding,
+    length_reference,
     likelihood_decision,
     per_byte_loglik,
     quarantine_step,
@@ -171,6 +172,14 @@ def test_tail_decisions():
     assert long.action == "reject" and long.screen == "length"
     assert tail_decision(250, 245, 30, cfg).action == "keep"          # short responses are never "too long"
     assert tail_decision(2000, 10, 120, TailScreenConfig(enabled=False)).action == "keep"
+
+
+def test_length_reference_is_the_learners_own_median():
+    """Only the learner's own lengths: the prompt's own rows, else all its rows of the step, else none."""
+    assert length_reference([100, 120, 300]) == 120.0
+    assert length_reference([100], [5, 5, 5, 5]) == 100.0      # the prompt's own rows when there are any
+    assert length_reference([], [80, 100]) == 90.0
+    assert length_reference([]) is None and length_reference((), ()) is None
 
 
 def test_step_flagged():
