@@ -28,9 +28,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from inproc import outcome  # noqa: E402
 
-SYSTEM_PROMPT = ("Solve the problem step by step. Then write the final answer in the form \\boxed{answer}, "
-                 "for example \\boxed{42}.")
-"""The system prompt of every model here (the task suite's configs use the same)."""
+SYSTEM_PROMPT = ("Solve the problem step by step. End with the final answer in the form \\boxed{answer}. "
+                 "Example: What is 7 minus 4? 7 - 4 = 3, so the answer is \\boxed{3}.")
+"""The system prompt of every model here (the task suite's configs use the same). A worked example that is none
+of the tasks: without one the base model (Gemma-3-270M) rarely boxes an answer, and with only ``\\boxed{42}``
+as the example it answers 42 (chain_sum greedy 4.2 %; with this prompt 3 of 8)."""
 
 CANDIDATES: dict[str, tuple[str, dict]] = {
     # label: (generator, config) — two or three difficulty levels per generator
