@@ -229,7 +229,7 @@ def eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
-    from hacrl_fed.worker.evaluate import saved_prompt
+    from hacrl_fed.worker.evaluate import DataError, check_data_head, saved_prompt
 
     try:
         saved = saved_prompt(model)              # how an export was prompted in training, if it says
@@ -240,8 +240,9 @@ def eval_cmd(
         template = template or ("plain" if rec["template"] == "plain" else "auto")
         system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
         stop = rec["stop_strings"] if stop is None else stop
-        typer.echo(f"prompt as in training ({path}; flags override): template {template}, system prompt "
-                   f"\"{system_prompt}\", stop strings {[s for s in stop if s]}", err=True)
+        shown = rec["template"] if template == ("plain" if rec["template"] == "plain" else "auto") else template
+        announce = (f"prompt as in training ({path}; flags override): template {shown}, system prompt "
+                    f"\"{system_prompt}\", stop strings {[s for s in stop if s]}")
     try:
         extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
         model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template or "auto",
@@ -250,8 +251,14 @@ def eval_cmd(
         fail(format_validation_error(err, "options").replace("\n", "; "))
     if not data.is_file():
         fail(f"{data}: no such data file")
+    try:                                         # the data's first rows, before the model loads
+        check_data_head(data, answer_style=answer_style)
+    except DataError as err:
+        fail(_one_line(err))
+    if saved is not None:
+        typer.echo(announce, err=True)
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import DataError, run_eval
+    from hacrl_fed.worker.evaluate import run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:

@@ -23,7 +23,7 @@ from typing import Any
 from hacrl_fed.atomic import atomic_write_text
 from hacrl_fed.data.problem import DataError
 
-__all__ = ["DataError", "EvalItem", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval",
+__all__ = ["DataError", "EvalItem", "check_data_head", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval",
            "saved_prompt", "summarize", "write_jsonl"]
 
 
@@ -178,6 +178,14 @@ def write_jsonl(path: str | Path, results: Sequence[ProblemResult]) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p, "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in results))
     return p
+
+
+def check_data_head(data: str | Path, *, answer_style: str | None = None) -> None:
+    """Parse the first rows of an evaluation data file with the loader :func:`run_eval` uses (bounded: at most a
+    few MB read). Raises :class:`DataError` naming the file and row."""
+    from hacrl_fed.data.datasets import load_file_head
+
+    load_file_head(data, answer_style=answer_style or "boxed")
 
 
 def _load_items(data: str, limit: int | None, answer_style: str | None) -> list[EvalItem]:

@@ -6,6 +6,7 @@ template), plain ``transformers`` renders the training prompt and stops where tr
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -116,9 +117,10 @@ def test_the_plain_template_export_renders_question_answer_and_stays_plain_in_ha
 def test_the_worker_exports_with_its_own_prompt_settings(make_sites, tmp_path):
     sites = make_sites({"alice": "tiny-llama-bpe"}, model_kw={"system_prompt": SYSTEM, "stop": ["####"]})
     worker = sites.start("alice")
-    out = worker.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path=str(tmp_path / "x"))).path
-    rec = json.loads((tmp_path / "x" / PROMPT_FILE).read_text(encoding="utf-8"))
-    assert out == str(tmp_path / "x") and rec["template"] == "chat" and rec["system_prompt"] == SYSTEM
+    target = worker.path_roots[0] / "x"     # a Checkpoint request may only name a path inside the site
+    out = worker.checkpoint(wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT, path=str(target))).path
+    rec = json.loads((target / PROMPT_FILE).read_text(encoding="utf-8"))
+    assert out == os.path.realpath(target) and rec["template"] == "chat" and rec["system_prompt"] == SYSTEM
     assert rec["stop_strings"] == ["####"] and rec["eos_token_ids"] == worker.engine.eos_ids
 
 
@@ -138,7 +140,7 @@ def test_eval_on_an_export_prompts_and_stops_as_training_did(exported, tmp_path)
     res = runner.invoke(app, ["eval", "--model", str(out), "--data", str(data), "--max-new-tokens", "24", "--json",
                               "--out", str(tmp_path / "r.jsonl")])
     assert res.exit_code == 0, res.output
-    template = "plain" if json.loads((out / PROMPT_FILE).read_text())["template"] == "plain" else "auto"
+    template = json.loads((out / PROMPT_FILE).read_text())["template"]   # "plain" or "chat", as training
     assert f"prompt as in training ({out / PROMPT_FILE}; flags override): template {template}, system prompt " \
            f"\"{SYSTEM}\", stop strings {[stop]!r}" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
@@ -156,3 +158,13 @@ def test_eval_names_a_broken_prompt_file_with_exit_2(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "m"), "--data", str(_problems(tmp_path))])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert res.stderr.startswith(f"error: {tmp_path / 'm' / PROMPT_FILE}: not a hacrl-fed-prompt/1 record")
+
+
+def test_eval_on_an_export_with_a_bad_data_file_says_one_line(exported, tmp_path):
+    """The data file is checked before the export's prompt is read and announced: a bad file is one line, exit 2."""
+    _, out, _, _ = exported
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"foo": 1, "bar": 2}\n')
+    res = CliRunner().invoke(app, ["eval", "--model", str(out), "--data", str(data)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"error: {data}:1: no problem text: expected a 'problem', 'question' or 'prompt' column\n"
