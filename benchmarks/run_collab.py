@@ -123,8 +123,8 @@ def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_s
     seeds = sorted(set(by_a) & set(by_b))
     if not seeds:
         return float("nan"), float("nan"), float("nan")
-    problems = sorted(set.intersection(*(set(by_a[s]) & set(by_b[s]) for s in seeds)) & (only or set.union(
-        *(set(by_a[s]) for s in seeds))))
+    common = set.intersection(*(set(by_a[s]) & set(by_b[s]) for s in seeds))
+    problems = sorted(common & only if only else common)
     if not problems:
         return float("nan"), float("nan"), float("nan")
     diff = {s: [float(is_correct(by_a[s][p])) - float(is_correct(by_b[s][p])) for p in problems] for s in seeds}

@@ -237,10 +237,11 @@ def eval_cmd(
         fail(_one_line(err))
     if saved is not None:
         path, rec = saved
-        template = template or ("plain" if rec["template"] == "plain" else "auto")
+        trained = "plain" if rec["template"] == "plain" else "auto"   # the ModelConfig value of the saved kind
+        template = template or trained
         system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
         stop = rec["stop_strings"] if stop is None else stop
-        shown = rec["template"] if template == ("plain" if rec["template"] == "plain" else "auto") else template
+        shown = rec["template"] if template == trained else template
         announce = (f"prompt as in training ({path}; flags override): template {shown}, system prompt "
                     f"\"{system_prompt}\", stop strings {[s for s in stop if s]}")
     try:

@@ -123,7 +123,7 @@ def _eval_tasks(metrics: Mapping[str, Any]) -> dict[str, float]:
 def _evals(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"step": r["step"], "eval_s": r.get("eval_s"), "prompts": r.get("prompts"),
              "agents": {n: m.get("avg@1") for n, m in r.get("agents", {}).items()},
-             "tasks": {n: _eval_tasks(m) for n, m in r.get("agents", {}).items() if _eval_tasks(m)},
+             "tasks": {n: t for n, m in r.get("agents", {}).items() if (t := _eval_tasks(m))},
              "errors": {n: m["error"] for n, m in r.get("agents", {}).items() if "error" in m}}
             for r in records if r.get("event") == "eval"]
 

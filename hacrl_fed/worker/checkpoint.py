@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hacrl_fed.atomic import atomic_write_text, fsync_dir, read_bounded
+from hacrl_fed.atomic import atomic_write_text, fsync_dir, outside, read_bounded
 
 __all__ = ["CheckpointError", "CheckpointManager", "TrainingState", "confined_path", "export_hf", "get_rng_state",
            "set_rng_state"]
@@ -352,10 +352,6 @@ MAX_PATH_CHARS = 4096
 """Longest path a request may name."""
 
 
-def _within(path: str, base: str) -> bool:
-    return path.startswith(base.rstrip(os.sep) + os.sep)
-
-
 def confined_path(requested: str, roots: Sequence[str | Path], *, export: bool, checkpoints: str | Path) -> Path:
     """The directory a Checkpoint request may write to, for its ``path`` field: a relative path is taken from
     ``roots[0]``; the path (every link resolved) must lie strictly inside one of ``roots`` (a site's directory,
@@ -375,10 +371,10 @@ def confined_path(requested: str, roots: Sequence[str | Path], *, export: bool, 
     if p.is_symlink():
         raise ValueError(f"{shown} is a link; name a directory inside {where}")
     real = os.path.realpath(p)
-    if not any(real == b or _within(real, b) for b in bases):
+    if all(outside(real, b) for b in bases):
         raise ValueError(f"{shown} leads to {real[:300]}, outside this site's directories; name a directory inside "
                          f"{where} (a relative path is taken from {bases[0]})")
-    if any(real == b or _within(b, real) for b in bases):
+    if any(outside(b, real) is None for b in bases):   # the path is, or holds, a site directory
         raise ValueError(f"{shown} would replace this site's directory {real[:300]}; name a new directory inside it")
     if not export and os.path.dirname(real) == os.path.realpath(checkpoints):
         raise ValueError(f"{shown} is inside the checkpoint directory, whose checkpoints the worker names itself; "

@@ -21,6 +21,7 @@ import gc
 import math
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +45,12 @@ __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "rew
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
+
+
+def _listed_once(table: pb.CapabilityTable) -> list[pb.AgentCapability]:
+    """The table's entries of agents it lists exactly once (an agent listed twice has no usable capability)."""
+    counts = Counter(a.agent_id for a in table.agents)
+    return [a for a in table.agents if counts[a.agent_id] == 1]
 
 
 @dataclass
@@ -320,9 +327,8 @@ class Trainer:
         every source is (outside warm-up)."""
         if not sources:
             return {}
-        listed = [a.agent_id for a in table.agents]
-        caps = {a.agent_id: a.capability for a in table.agents
-                if listed.count(a.agent_id) == 1 and math.isfinite(a.capability) and a.capability > 0}
+        caps = {a.agent_id: a.capability for a in _listed_once(table)
+                if math.isfinite(a.capability) and a.capability > 0}
         learner_ok = table.warmup or self.agent in caps   # outside warm-up every ratio needs the learner's own
         usable = [j for j in sources if j in caps] if learner_ok else []
         for j in sources:
@@ -344,9 +350,8 @@ class Trainer:
         """``ratios`` plus r_{j→k}(t) per (source, prompt id) from the table's per-task capabilities
         (``algo.capability_scope = "task"``, :func:`hacrl_fed.algo.capability.task_ratios`). Entries that are not a
         finite positive number, and agents listed twice, are ignored (those rows keep the global ratio)."""
-        listed = [a.agent_id for a in table.agents]
         caps = {a.agent_id: {t: v for t, v in a.task_capability.items() if math.isfinite(v) and v > 0}
-                for a in table.agents if listed.count(a.agent_id) == 1}
+                for a in _listed_once(table)}
         tasks = {pid: p.task for pid, p in own.prompts.items() if p.task}
         return task_ratios(ratios, caps, self.agent, tasks, ratio_clip=self.algo.ratio_clip)
 
