@@ -149,16 +149,33 @@ def noise(cells: list[dict], agent: str, eval_set: str) -> dict:
     the evaluation (binomial) standard deviation of one cell with n problems, and the minimum detectable effect
     (80 % power, two-sided 5 %) of a difference between two recipes with as many seeds, paired by seed and
     problem: MDE = (z_0.975 + z_0.8) · √2 · sd_seed / √S, sd_seed taken as at least the binomial sd (a seed's
-    accuracy holds its evaluation noise)."""
+    accuracy holds its evaluation noise); ``seeds_for_5_points`` solves the same formula for S at MDE = 0.05."""
     xs = [accuracy(c["after"][agent][eval_set]) for c in cells]
     n = len(cells[0]["after"][agent][eval_set]) if cells else 0
     if len(xs) < 2 or not n:
-        return {"seeds": len(xs), "problems": n, "sd_seed": None, "sd_eval": None, "mde": None}
+        return {"seeds": len(xs), "problems": n, "sd_seed": None, "sd_eval": None, "mde": None,
+                "seeds_for_5_points": None}
     p = statistics.fmean(xs)
     sd_eval = math.sqrt(max(p * (1 - p), 1e-12) / n)
     sd_seed = max(statistics.stdev(xs), sd_eval)
     return {"seeds": len(xs), "problems": n, "sd_seed": sd_seed, "sd_eval": sd_eval,
-            "mde": (1.96 + 0.8416) * math.sqrt(2) * sd_seed / math.sqrt(len(xs))}
+            "mde": (1.96 + 0.8416) * math.sqrt(2) * sd_seed / math.sqrt(len(xs)),
+            "seeds_for_5_points": math.ceil(((1.96 + 0.8416) * math.sqrt(2) * sd_seed / 0.05) ** 2)}
+
+
+def paired_mde(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str) -> dict:
+    """The minimum detectable effect of recipe a − recipe b as observed: the sd over seeds of the per-seed
+    accuracy difference (same seed, same problems), sd_d, and MDE = (z_0.975 + z_0.8) · sd_d / √S (80 % power,
+    two-sided 5 %), with the seeds that would detect 5 points. Unlike :func:`noise` this counts what pairing
+    by seed removes (a hard seed is hard for both recipes). ``None`` values below 2 paired seeds."""
+    by_a = {c["seed"]: accuracy(c["after"][agent][eval_set]) for c in cells_a}
+    by_b = {c["seed"]: accuracy(c["after"][agent][eval_set]) for c in cells_b}
+    diffs = [by_a[s] - by_b[s] for s in sorted(set(by_a) & set(by_b))]
+    if len(diffs) < 2:
+        return {"seeds": len(diffs), "sd_diff": None, "mde": None, "seeds_for_5_points": None}
+    sd = statistics.stdev(diffs)
+    return {"seeds": len(diffs), "sd_diff": sd, "mde": (1.96 + 0.8416) * sd / math.sqrt(len(diffs)),
+            "seeds_for_5_points": max(2, math.ceil(((1.96 + 0.8416) * sd / 0.05) ** 2))}
 
 
 def gain_kinds(before: dict, after: dict) -> dict:
@@ -206,6 +223,7 @@ def summarize(out: Path) -> dict:
                          "n": len(xs), "per_seed": xs}
                 if r != "gspo" and "gspo" in by:
                     ag[e]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e)
+                    ag[e]["mde_vs_gspo"] = paired_mde(by[r], by["gspo"], a, e)
                 if r in COLLABORATIVE:
                     ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
                 kinds = [gain_kinds(before["agents"][a][e], c["after"][a][e]) for c in by[r]]
@@ -236,6 +254,8 @@ def summarize(out: Path) -> dict:
             ag["train_s_per_step"] = statistics.fmean(s["train_s"] or 0.0 for c in by[r] for s in c["per_step"][a])
             rec["agents"][a] = ag
         rec["cell_s"] = statistics.fmean(c["train_s"] + c["eval_s"] for c in by[r])
+        rec["steps_s"] = statistics.fmean(c["train_s"] for c in by[r])
+        rec["eval_s"] = statistics.fmean(c["eval_s"] for c in by[r])
         summary["recipes"][r] = rec
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(render_markdown(summary, agents))
@@ -281,15 +301,26 @@ def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:
     lines = ["## Noise and minimum detectable effect (isolated GSPO)", "",
              "Between-seed sd of a cell's accuracy, the evaluation (binomial) sd of one cell, and the smallest "
              "difference between two recipes this design detects with 80 % power at two-sided 5 % "
-             "(paired by seed and problem; `noise()` in this script), points.", "",
-             "| agent | set | seeds | problems | sd seed | sd evaluation | minimum detectable effect |",
-             "|---|---|---|---|---|---|---|"]
+             "(paired by seed and problem; `noise()` in this script), points, and the seeds per recipe that "
+             "would detect 5 points.", "",
+             "| agent | set | seeds | problems | sd seed | sd evaluation | minimum detectable effect | seeds for 5 points |",
+             "|---|---|---|---|---|---|---|---|"]
     for a in agents:
         for e in sets:
             n = summary["noise"][a][e]
             f = (lambda x: "–" if x is None else f"{100 * x:.1f}")
             lines.append(f"| {a} | {SET_TITLES[e][1]} | {n['seeds']} | {n['problems']} | {f(n['sd_seed'])} | "
-                         f"{f(n['sd_eval'])} | {f(n['mde'])} |")
+                         f"{f(n['sd_eval'])} | {f(n['mde'])} | {n.get('seeds_for_5_points') or '–'} |")
+    observed = [(r, a, e, rec["agents"][a][e]["mde_vs_gspo"]) for r, rec in summary["recipes"].items()
+                for a in agents for e in sets if (rec["agents"][a][e].get("mde_vs_gspo") or {}).get("mde") is not None]
+    if observed:
+        lines += ["", "As observed, paired by seed (`paired_mde()`): the sd over seeds of the accuracy difference "
+                  "recipe − GSPO and the effect it detects.", "",
+                  "| recipe | agent | set | seeds | sd of the difference | minimum detectable effect | "
+                  "seeds for 5 points |", "|---|---|---|---|---|---|---|"]
+        for r, a, e, m in observed:
+            lines.append(f"| {LABELS.get(r, r)} | {a} | {SET_TITLES[e][1]} | {m['seeds']} | {100 * m['sd_diff']:.1f} | "
+                         f"{100 * m['mde']:.1f} | {m['seeds_for_5_points']} |")
     return lines + [""]
 
 
@@ -415,11 +446,11 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
             cells.append("–" if g is None else f"{100 * g:.0f} % / " + ("–" if ps is None else f"{100 * ps:.0f} %"))
         lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(cells) + " |")
     lines += ["", "## Time (seconds)", "", "| recipe | " + " | ".join(f"{a} generate / train per step" for a in agents)
-              + " | per cell (steps + evaluation) |", "|---|" + "---|" * (len(agents) + 1)]
+              + " | per cell: steps + evaluation = total |", "|---|" + "---|" * (len(agents) + 1)]
     for r, rec in summary["recipes"].items():
         lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(
             f"{rec['agents'][a]['generate_s_per_step']:.0f} / {rec['agents'][a]['train_s_per_step']:.0f}"
-            for a in agents) + f" | {rec['cell_s']:.0f} |")
+            for a in agents) + f" | {rec.get('steps_s', 0):.0f} + {rec.get('eval_s', 0):.0f} = {rec['cell_s']:.0f} |")
     lines += ["", "![after-training accuracy](collab.png)", ""]
     return "\n".join(lines)
 

@@ -34,6 +34,13 @@ SYSTEM_PROMPT = ("Solve the problem step by step. End with the final answer in t
 of the tasks: without one the base model (Gemma-3-270M) rarely boxes an answer, and with only ``\\boxed{42}``
 as the example it answers 42 (chain_sum greedy 4.2 %; with this prompt 3 of 8)."""
 
+SHORT_PROMPT = ("Answer with the final result only, in the form \\boxed{answer}. "
+                "Example: What is 7 minus 4? \\boxed{3}")
+"""A prompt that asks for the answer alone: far fewer tokens per rollout (a cheaper step) and no reasoning text to
+go astray at temperature 1; the example is worked (7 − 4), not a bare number, for the reason above."""
+
+PROMPTS = {"cot": SYSTEM_PROMPT, "short": SHORT_PROMPT}
+
 CANDIDATES: dict[str, tuple[str, dict]] = {
     # label: (generator, config) — two or three difficulty levels per generator
     "chain_sum-l1": ("chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}),
@@ -70,10 +77,15 @@ CANDIDATES: dict[str, tuple[str, dict]] = {
     "number_sequence-l1": ("number_sequence", {}),
     "aiw-l1": ("aiw", {}),
     "gsm_symbolic-l1": ("gsm_symbolic", {}),
+    "decimal_arithmetic-l1": ("decimal_arithmetic", {"min_terms": 2, "max_terms": 2, "min_num_decimal_places": 1,
+                                                     "max_num_decimal_places": 1, "precision": 4}),
+    "decimal_arithmetic-l2": ("decimal_arithmetic", {"min_terms": 2, "max_terms": 3, "min_num_decimal_places": 1,
+                                                     "max_num_decimal_places": 2, "precision": 6}),
 }
 
 
-def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens: int) -> dict:
+def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens: int,
+             temperature: float = 1.0) -> dict:
     from hacrl_fed.config import TaskSpec
     from hacrl_fed.config import DEFAULT_INSTRUCTION
     from hacrl_fed.data.tasks import generate_task
@@ -85,10 +97,10 @@ def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens
     problems = generate_task(spec, seed=0, size=n, held_out=True, instruction=DEFAULT_INSTRUCTION)
     items = [EvalItem(p.id, p.problem, p.answer, p.answer_style) for p in problems]
     out: dict = {"label": label, "generator": generator, "config": config, "problems": n}
-    for name, samples, temperature in (("greedy", 1, 0.0), ("sampled", 4, 1.0)):
+    for name, samples, temp in (("greedy", 1, 0.0), ("sampled", 4, temperature)):
         t = time.perf_counter()
         res = evaluate_items(engine, lm.tokenizer, verifier, items, samples=samples,
-                             sampling=Sampling(temperature=temperature, max_new_tokens=max_new_tokens), seed=0,
+                             sampling=Sampling(temperature=temp, max_new_tokens=max_new_tokens), seed=0,
                              system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
                              max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=max(1, 32 // samples))
         kinds = [outcome(v, r, f) for x in res for v, r, f in zip(x.verdicts, x.reasons, x.finish_reasons)]
@@ -105,9 +117,12 @@ def summarize(out: Path) -> dict:
     agents = sorted({c["agent"] for c in cells})
     labels = [lb for lb in CANDIDATES if any(c["label"] == lb for c in cells)]
     by = {(c["agent"], c["label"]): c for c in cells}
+    meta = json.loads((out / "meta.json").read_text())
     lines = ["# Base accuracy on candidate reasoning-gym tasks", "",
-             "Commands: " + ", ".join(f"`{c}`" for c in json.loads((out / "meta.json").read_text())["commands"]), "",
-             "Held-out items (generator seeds 0 … n−1), greedy avg@1 and avg@4 at temperature 1, %; "
+             "Commands: " + ", ".join(f"`{c}`" for c in meta["commands"]), "",
+             f"System prompt: `{meta['system_prompt']}`; at most {meta['max_new_tokens']} new tokens.", "",
+             "Held-out items (generator seeds 0 … n−1), greedy avg@1 and avg@4 at temperature "
+             f"{meta.get('temperature', 1.0):g}, %; "
              "`trunc` = share of sampled responses cut at the token limit, `no box` = sampled responses with no "
              "stated answer. A cell in the 5–60 % band for both models (avg@4) has headroom for both.", "",
              "| task | generator config | n | " + " | ".join(f"{a} greedy | {a} avg@4 | {a} trunc / no box"
@@ -142,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="", help="comma-separated labels of CANDIDATES (default: all)")
     parser.add_argument("--problems", type=int, default=24, help="held-out items per task")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompt", choices=sorted(PROMPTS), default="cot",
+                        help="system prompt: cot (step by step, the default) or short (the answer alone)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of avg@4")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary-only", action="store_true")
@@ -170,10 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/task_baseline.py " + " ".join(argv if argv is not None else sys.argv[1:])
     meta_path = out / "meta.json"
-    commands = json.loads(meta_path.read_text()).get("commands", []) if meta_path.exists() else []
+    old = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    settings = {"system_prompt": PROMPTS[args.prompt], "max_new_tokens": args.max_new_tokens,
+                "temperature": args.temperature}
+    clash = [k for k, v in settings.items() if k in old and old[k] != v and not (k == "temperature" and v == 1.0)]
+    if clash:
+        parser.error(f"{out} holds cells made with other settings ({', '.join(clash)}); use another --out")
+    commands = old.get("commands", [])
     meta_path.write_text(json.dumps({"commands": [*commands, command] if command not in commands else commands,
-                                     "system_prompt": SYSTEM_PROMPT, "max_new_tokens": args.max_new_tokens,
-                                     "models": {a.name: a.model.name_or_path for a in cfg.agents}}, indent=1))
+                                     **settings, "models": {a.name: a.model.name_or_path for a in cfg.agents}},
+                                    indent=1))
     with Verifier.from_config(VerifierConfig(workers=1)) as verifier:
         for agent in cfg.agents:
             if wanted and agent.name not in wanted:
@@ -181,14 +205,15 @@ def main(argv: list[str] | None = None) -> int:
             todo = [lb for lb in labels if not (out / "cells" / f"{agent.name}--{lb}.json").exists()]
             if not todo:
                 continue
-            model_cfg = agent.model.model_copy(update={"system_prompt": SYSTEM_PROMPT})
+            model_cfg = agent.model.model_copy(update={"system_prompt": PROMPTS[args.prompt]})
             lm = load_model(model_cfg)
             engine = build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template,
                                                                            model_cfg.stop),
                                   max_batch_sequences=32, work_dir=out, seed=0)
             for lb in todo:
                 t = time.perf_counter()
-                cell = run_cell(engine, lm, verifier, model_cfg, lb, args.problems, args.max_new_tokens)
+                cell = run_cell(engine, lm, verifier, model_cfg, lb, args.problems, args.max_new_tokens,
+                                args.temperature)
                 cell["agent"] = agent.name
                 (out / "cells" / f"{agent.name}--{lb}.json").write_text(json.dumps(cell, indent=1))
                 print(f"[{agent.name} {lb}] greedy {100 * cell['greedy']['accuracy']:.1f} %, avg@4 "

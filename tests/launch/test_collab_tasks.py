@@ -37,3 +37,36 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
         assert section in first
     again = _run(out)
     assert again.count("done already") == 4
+
+
+def test_noise_gives_the_minimum_detectable_effect_and_the_seeds_for_five_points():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_collab import noise
+
+    def cell(correct: int, n: int = 100) -> dict:
+        return {"after": {"a": {"held_out": {f"p{i}": i < correct for i in range(n)}}}}
+
+    got = noise([cell(40), cell(50), cell(60)], "a", "held_out")
+    # sd over seeds 0.10 (above the binomial sd of one cell, 0.05): MDE = 2.8016 · √2 · 0.10 / √3
+    assert abs(got["sd_seed"] - 0.10) < 1e-9 and abs(got["sd_eval"] - 0.05) < 1e-9
+    assert abs(got["mde"] - 2.8016 * 2 ** 0.5 * 0.10 / 3 ** 0.5) < 1e-6
+    assert got["seeds_for_5_points"] == 63            # (2.8016 · √2 · 0.10 / 0.05)^2 = 62.8 → 63
+    quiet = noise([cell(50), cell(50), cell(50)], "a", "held_out")
+    assert quiet["sd_seed"] == quiet["sd_eval"]         # no seed spread: evaluation noise is the floor
+    assert noise([cell(50)], "a", "held_out")["mde"] is None
+
+
+def test_paired_mde_removes_what_a_shared_seed_explains():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_collab import paired_mde
+
+    def cell(seed: int, correct: int, n: int = 100) -> dict:
+        return {"seed": seed, "after": {"a": {"held_out": {f"p{i}": i < correct for i in range(n)}}}}
+
+    # seeds differ by 20 points, the recipe adds 5 ± 1 on each: the paired difference hardly varies
+    a = [cell(0, 35), cell(1, 56), cell(2, 74)]
+    b = [cell(0, 30), cell(1, 50), cell(2, 70)]
+    got = paired_mde(a, b, "a", "held_out")
+    assert got["seeds"] == 3 and abs(got["sd_diff"] - 0.01) < 1e-9
+    assert abs(got["mde"] - 2.8016 * 0.01 / 3 ** 0.5) < 1e-6 and got["seeds_for_5_points"] == 2
+    assert paired_mde(a[:1], b, "a", "held_out")["mde"] is None
