@@ -22,9 +22,9 @@ Flower's own entry point (``flwr_clientapp`` / ``flwr_serverapp``, the functions
 of its own (nothing leaks between messages), but it starts with nothing to import: its first
 heartbeat goes out milliseconds after the fork.
 
-Every task that ends unsuccessfully is reported on stdout in one line (:data:`TASK_FAILED`), after
-Flower's own lines that give the cause; :class:`hacrl_fed.site.watch.TaskWatcher` turns these into
-the site's terminal message.
+Every task start is one line on stdout (:data:`TASK_STARTED`), every task that ends unsuccessfully one more
+(:data:`TASK_FAILED`), after Flower's own lines that give the cause; :class:`hacrl_fed.site.watch.TaskWatcher`
+turns these into the site's terminal message.
 
 Run as ``python -m hacrl_fed.flower.executor --runtime-api-address 127.0.0.1:9094 --insecure
 --task clientapp --preload hacrl_fed.flower.client_app --parent-pid <SuperNode pid>``.
@@ -42,11 +42,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["TASK_FAILED", "TASK_TYPES", "main", "serve"]
+from hacrl_fed.site.watch import TASK_FAILED, TASK_STARTED
 
-TASK_FAILED = "hacrl-fed executor: task failed:"
-"""Start of the line printed when a task process ends unsuccessfully (then ``<command> task <id> of run <run>
-(exit code <n>)``)."""
+__all__ = ["TASK_FAILED", "TASK_STARTED", "TASK_TYPES", "main", "serve"]
 TASK_TYPES = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}
 """``--task`` → Flower's task type (``flwr.supercore.constant.TaskType``)."""
 POLL_S = 0.5
@@ -177,6 +175,7 @@ def serve(address: str, task: str, *, insecure: bool, root_certificates: str | N
             time.sleep(poll_s)
             continue
         argv = _task_argv(task_type, address, res.token, insecure, root_certificates)
+        print(f"{TASK_STARTED} {task_type} task {res.task.task_id} of run {res.task.run_id}")
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()

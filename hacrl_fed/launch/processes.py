@@ -9,6 +9,8 @@ starts the process under a :class:`~hacrl_fed.launch.supervise.Supervisor`.
 * :func:`write_flwr_config` — ``$FLWR_HOME/config.toml`` with one SuperLink connection.
 * :func:`start_superlink`, :func:`start_supernode`, :func:`start_worker` — long-running processes,
   returned once they listen (TCP port / worker address file + Health).
+* :func:`start_warm_superlink`, :func:`start_warm_supernode` — either with its executor (below): how the
+  commands start them.
 * :func:`start_executor` — the warm task executor (:mod:`hacrl_fed.flower.executor`) that runs the
   ServerApp / ClientApp tasks of a SuperLink / SuperNode started with ``isolation="process"``.
 * :func:`register_supernode` — ``flwr supernode register`` of an agent's node-auth public key.
@@ -42,11 +44,14 @@ __all__ = [
     "has_text",
     "install_app",
     "register_supernode",
+    "run_outcome",
     "run_status",
     "start_run",
     "start_executor",
     "start_superlink",
     "start_supernode",
+    "start_warm_superlink",
+    "start_warm_supernode",
     "start_worker",
     "stop_run",
     "write_flwr_config",
@@ -217,6 +222,47 @@ def start_executor(sup: Supervisor, name: str, *, runtime_address: str, task: st
     return sup.start(name, argv, env=env, echo=echo, echo_filter=echo_filter, on_line=on_line)
 
 
+SERVER_APP = "hacrl_fed.flower.server_app"
+CLIENT_APP = "hacrl_fed.flower.client_app"
+
+
+def start_warm_superlink(sup: Supervisor, *, host: str, port: int, database: str | Path, env: Mapping[str, str],
+                         secret_file: str | Path, insecure: bool = False, ca_cert: str | None = None,
+                         server_cert: str | None = None, server_key: str | None = None,
+                         node_auth: bool = True) -> tuple[ManagedProcess, ManagedProcess]:
+    """:func:`start_superlink` with ``isolation="process"`` and its ServerApp executor (``serverapp``, preloading
+    the ServerApp), sharing a fresh secret written to ``secret_file``. Returns (SuperLink, executor)."""
+    secret = write_superexec_secret(secret_file)
+    link = start_superlink(sup, host=host, port=port, database=database, env=env, insecure=insecure, ca_cert=ca_cert,
+                           server_cert=server_cert, server_key=server_key, node_auth=node_auth, isolation="process",
+                           superexec_secret=secret)
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    executor = start_executor(sup, "serverapp", runtime_address=f"{connect}:{port}", task="serverapp",
+                              preload=[SERVER_APP], env=env, parent_pid=link.pid,
+                              root_certificates=None if insecure else ca_cert, superexec_secret=secret)
+    return link, executor
+
+
+def start_warm_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, node_config: Mapping[str, str],
+                         env: Mapping[str, str], secret_file: str | Path, insecure: bool = False,
+                         root_certificates: str | None = None, node_key: str | None = None,
+                         on_line: Callable[[str], None] | None = None,
+                         on_task_line: Callable[[str], None] | None = None, echo: IO[str] | None = None,
+                         echo_filter: Callable[[str], bool] | None = None) -> tuple[ManagedProcess, ManagedProcess]:
+    """:func:`start_supernode` with ``isolation="process"`` and its ClientApp executor (named ``clientapp`` after
+    ``name``'s suffix: ``supernode-alice`` → ``clientapp-alice``), sharing a fresh secret written to
+    ``secret_file``. ``on_line`` gets the SuperNode's lines; ``on_task_line``, ``echo``/``echo_filter`` the
+    executor's (the ClientApp tasks' output). Returns (SuperNode, executor)."""
+    secret = write_superexec_secret(secret_file)
+    node = start_supernode(sup, name, superlink=superlink, port=port, node_config=node_config, env=env,
+                           insecure=insecure, root_certificates=root_certificates, node_key=node_key, on_line=on_line,
+                           isolation="process", superexec_secret=secret)
+    executor = start_executor(sup, "clientapp" + name.removeprefix("supernode"), runtime_address=f"127.0.0.1:{port}",
+                              task="clientapp", preload=[CLIENT_APP], env=env, parent_pid=node.pid,
+                              superexec_secret=secret, on_line=on_task_line, echo=echo, echo_filter=echo_filter)
+    return node, executor
+
+
 WORKER_STOP_GRACE_S = 300.0
 """Seconds a stopped worker gets to finish its request and save its shutdown checkpoint before SIGKILL."""
 
@@ -313,13 +359,19 @@ def run_id_of(proc: ManagedProcess) -> int | None:
 
 def run_status(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> str:
     """Status of a run as ``flwr list`` reports it (e.g. ``finished:completed``); '' if unknown."""
+    return run_outcome(env, run_id, connection=connection)[0]
+
+
+def run_outcome(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> tuple[str, str]:
+    """(status, status details) of a run as ``flwr list --format json`` reports them (e.g. ``finished:failed``,
+    ``No heartbeat received from the task``); ('', '') if unknown."""
     argv = [find_executable("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"]
     res = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=60)
     try:
         runs = json.loads(res.stdout).get("runs", [])
     except (json.JSONDecodeError, AttributeError):
-        return ""
-    return str(runs[0].get("status", "")) if runs else ""
+        return "", ""
+    return (str(runs[0].get("status", "")), str(runs[0].get("status-details", ""))) if runs else ("", "")
 
 
 def stop_run(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> bool:
