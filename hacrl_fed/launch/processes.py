@@ -214,7 +214,8 @@ def start_executor(sup: Supervisor, name: str, *, runtime_address: str, task: st
     ``<name>.log``, ``echo`` (lines ``echo_filter`` accepts) and ``on_line`` (e.g. a
     :class:`~hacrl_fed.site.watch.TaskWatcher`). Raises OSError when Python cannot be started.
     """
-    argv = [sys.executable, "-m", EXECUTOR_MODULE, "--runtime-api-address", runtime_address, "--task", task,
+    # -P: the current directory is not put on sys.path (a checkout of another hacrl_fed there must not shadow ours)
+    argv = [sys.executable, "-P", "-m", EXECUTOR_MODULE, "--runtime-api-address", runtime_address, "--task", task,
             "--parent-pid", str(parent_pid), *[a for m in preload for a in ("--preload", m)]]
     argv += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
     if superexec_secret:
