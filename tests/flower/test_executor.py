@@ -8,6 +8,9 @@ heartbeat. With Flower's default launcher every task is then claimed, expires, i
 process, and so on for ever: the run never gets a reply. With the warm executor, neither script is ever
 started and the run completes. The CPU a task process has used when its handler starts is compared with
 the CPU of Flower's own start-up measured on this machine at the same time (a budget in CPU seconds).
+
+When Flower ends a run itself — its ServerApp task sent no heartbeat for 60 s, reproduced by stopping the
+task process (SIGSTOP) — the operator's line names that cause and says how to resume.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hacrl_fed.launch import processes as launch
+from hacrl_fed.launch.run_end import RESUME, run_end_line
 from hacrl_fed.launch.supervise import Supervisor, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,3 +98,31 @@ def test_tasks_start_warm_so_slow_task_starts_cannot_lose_a_step(tmp_path, env):
     for info in [result["server"], *replies]:
         assert info["imported-in"] != info["pid"], "the app was imported before the task process started"
         assert info["cpu-s"] < budget, f"{info['cpu-s']:.2f} CPU-s used before the handler ran (budget {budget:.2f})"
+
+
+def test_a_run_flower_ends_for_a_silent_serverapp_is_explained_in_one_line(tmp_path, env):
+    app_dir = tmp_path / "app"
+    shutil.copytree(APP, app_dir)
+    port = free_port()
+    with Supervisor(tmp_path / "logs") as sup:
+        link, executor = launch.start_warm_superlink(sup, host="127.0.0.1", port=port, database=tmp_path / "link.db",
+                                                     env=env, secret_file=tmp_path / "superexec.secret",
+                                                     insecure=True, node_auth=False)
+        launch.write_flwr_config(tmp_path / "flwr", f"127.0.0.1:{port}", insecure=True, root_certificates=None)
+        run = launch.start_run(sup, app_dir, {"out": str(tmp_path / "never.json"), "nodes": 1}, env=env)
+        deadline = time.monotonic() + 120  # safety nets only: each wait follows what Flower reports
+        while not (task := psutil.Process(executor.pid).children()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        while (rid := launch.run_id_of(run)) is None or launch.run_status(env, rid) != "running":
+            assert time.monotonic() < deadline, run.tail()
+            time.sleep(0.5)
+        task[0].suspend()  # the ServerApp (waiting for a node that never comes) now sends no heartbeat
+        deadline = time.monotonic() + 240
+        while not (outcome := launch.run_outcome(env, rid))[0].startswith("finished"):
+            assert time.monotonic() < deadline, outcome
+            time.sleep(2)
+        task[0].resume()
+    assert outcome == ("finished:failed", "No heartbeat received from the task")
+    line = run_end_line(rid, *outcome)
+    assert line == (f"the Flower run {rid} ended (finished:failed): Flower ended it: the ServerApp sent no heartbeat "
+                    f"for 60 s (Flower's fixed limit) — this machine is too busy; {RESUME}")
