@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from hacrl_fed.site.watch import TASK_FAILED, TASK_STARTED
 
 __all__ = ["TASK_FAILED", "TASK_STARTED", "TASK_TYPES", "main", "serve"]
+
 TASK_TYPES = {"clientapp": "flwr-clientapp", "serverapp": "flwr-serverapp"}
 """``--task`` → Flower's task type (``flwr.supercore.constant.TaskType``)."""
 POLL_S = 0.5
@@ -197,7 +198,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry; returns the exit code (2: a bad argument or an unimportable ``--preload``)."""
+    """Command-line entry; returns the exit code (0 when the parent is gone or after SIGTERM/SIGINT; 1 when the
+    Runtime API fails us, e.g. refuses the SuperExec secret; 2: a bad argument or an unimportable ``--preload``)."""
     args = _parse(argv)
     secret = None
     if args.superexec_auth_secret_file:
@@ -212,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 0
+    except Exception as err:  # noqa: BLE001 - one line instead of a traceback (e.g. the Runtime API refused us)
+        print(f"error: {args.runtime_api_address}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

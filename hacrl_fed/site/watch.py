@@ -63,8 +63,8 @@ class TaskWatcher:
     A task whose token Flower refuses (``Runtime task-token authentication failed``, ``401 Unauthorized``:
     Flower withdrew it because the process missed a heartbeat deadline; the process then ends quietly, with
     exit code 0) is reported at once (:data:`WITHDRAWN`). A task process that ends unsuccessfully (the
-    executor's :data:`TASK_FAILED` line) is reported with the cause its lines gave before: Flower's exit
-    message (``Exit Code: <n>`` and the line after it) or the last exception line of a traceback. At most
+    executor's :data:`TASK_FAILED` line) is reported with the cause its lines gave before: the last exception
+    line of a traceback, else Flower's exit message (``Exit Code: <n>`` and the line after it). At most
     one line per task (a task's lines start after :data:`TASK_STARTED`). Thread-safe.
     """
 
@@ -103,7 +103,8 @@ class TaskWatcher:
         elif self._after_exit:
             text = re.sub(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*", "", line)
             if text:
-                self._after_exit, self._cause = False, f"Flower: {text}"
+                self._after_exit = False
+                self._cause = self._cause or f"Flower: {text}"  # an exception line seen before says more
         elif _EXCEPTION_LINE.match(line):
             self._cause = f"the ClientApp failed: {line[:300]}"
 

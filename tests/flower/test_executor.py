@@ -6,7 +6,8 @@ The overload is reproduced without depending on the machine's load: ``flwr-clien
 task process slower to start than the 30 s Flower allows between claiming a task and its first
 heartbeat. With Flower's default launcher every task is then claimed, expires, is handed to a new
 process, and so on for ever: the run never gets a reply. With the warm executor, neither script is ever
-started and the run completes. The CPU a task process has used when its handler starts is compared with
+started and the run completes; an order whose handler raises is reported as not carried out, once. The CPU
+a task process has used when its handler starts is compared with
 the CPU of Flower's own start-up measured on this machine at the same time (a budget in CPU seconds).
 
 When Flower ends a run itself — its ServerApp task sent no heartbeat for 60 s, reproduced by stopping the
@@ -16,6 +17,7 @@ task process (SIGSTOP) — the operator's line names that cause and says how to 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +31,7 @@ import pytest
 from hacrl_fed.launch import processes as launch
 from hacrl_fed.launch.run_end import RESUME, run_end_line
 from hacrl_fed.launch.supervise import Supervisor, free_port
+from hacrl_fed.site.watch import TaskWatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "tests" / "helpers" / "warm_app"
@@ -51,7 +54,7 @@ def _flower_import_cpu_s() -> float:
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def _run_probe(tmp_path: Path, sup: Supervisor, env: dict[str, str], rounds: int) -> dict:
+def _run_probe(tmp_path: Path, sup: Supervisor, env: dict[str, str], rounds: int, fail: bool = False) -> dict:
     app_dir = tmp_path / "app"
     shutil.copytree(APP, app_dir)
     out = tmp_path / "probe.json"
@@ -68,7 +71,7 @@ def _run_probe(tmp_path: Path, sup: Supervisor, env: dict[str, str], rounds: int
     launch.start_executor(sup, "executor-node", runtime_address=f"127.0.0.1:{node_port}", task="clientapp",
                           preload=["warm_probe"], env=env, parent_pid=node.pid, superexec_secret=secret)
     launch.write_flwr_config(tmp_path / "flwr", f"127.0.0.1:{port}", insecure=True, root_certificates=None)
-    run = launch.start_run(sup, app_dir, {"out": str(out), "rounds": rounds, "nodes": 1}, env=env)
+    run = launch.start_run(sup, app_dir, {"out": str(out), "rounds": rounds, "nodes": 1, "fail": fail}, env=env)
     deadline = time.monotonic() + 240  # a safety net only: the run ends on its own
     while run.alive() and time.monotonic() < deadline:
         assert all(p.alive() for p in sup.procs if p is not run), [(p.name, p.tail()) for p in sup.procs]
@@ -89,8 +92,15 @@ def env(tmp_path):
 
 def test_tasks_start_warm_so_slow_task_starts_cannot_lose_a_step(tmp_path, env):
     with Supervisor(tmp_path / "logs") as sup:
-        result = _run_probe(tmp_path, sup, env, rounds=2)
+        result = _run_probe(tmp_path, sup, env, rounds=2, fail=True)
         budget = _flower_import_cpu_s() / 2
+    told: list[tuple[int, str]] = []
+    watcher = TaskWatcher(lambda level, msg: told.append((level, msg)))
+    for line in (tmp_path / "logs" / "executor-node.log").read_text().splitlines():
+        watcher.feed(line)
+    assert len(result["failed"]) == 1 and "ZeroDivisionError" in result["failed"][0], result["failed"]
+    assert len(told) == 1 and told[0][0] == logging.WARNING, told  # the site's terminal: the failed order only
+    assert "not carried out: the ClientApp failed: ZeroDivisionError: integer division or modulo by zero" in told[0][1]
     assert not (tmp_path / "slow-started").exists(), "a task was started by Flower's launcher"
     replies = result["replies"]
     assert len(replies) == 2 and all("error" not in r for r in replies), replies

@@ -1,5 +1,6 @@
 """Probe app (tests/flower/test_executor.py): each ClientApp reply says in which process it ran, in which
-process this module was imported, and the CPU seconds its process had used when the handler started."""
+process this module was imported, and the CPU seconds its process had used when the handler started; with
+``fail`` the ServerApp then sends one order whose handler raises."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def probe(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"probe": rec}), reply_to=msg)
 
 
+@client.query("fail")
+def fail(msg: Message, context: Context) -> Message:
+    return Message(RecordDict({"probe": ConfigRecord({"quotient": 1 // 0})}), reply_to=msg)
+
+
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     want = int(context.run_config["nodes"])
@@ -36,5 +42,8 @@ def main(grid: Grid, context: Context) -> None:
         for reply in grid.send_and_receive(msgs, timeout=120):
             out["replies"].append({"error": reply.error.reason} if reply.has_error()
                                   else dict(reply.content["probe"]))
+    if context.run_config["fail"]:
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type="query.fail", group_id="fail") for n in nodes]
+        out["failed"] = [r.error.reason if r.has_error() else "no error" for r in grid.send_and_receive(msgs, timeout=120)]
     with open(str(context.run_config["out"]), "w", encoding="utf-8") as f:
         json.dump(out, f)
