@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -74,8 +75,8 @@ def measure(repeat: int) -> list[str]:
     for name in ENTRY:
         cold = [_run(_IMPORT, ENTRY[name], APPS[name]) for _ in range(repeat)]
         warm = [_run(_FORK, ENTRY[name], APPS[name]) for _ in range(repeat)]
-        rows.append(f"| {name} task process, Flower's launcher (`{ENTRY[name]}` + app, before the first heartbeat "
-                    f"and the app load) | {_median(cold, 'total_cpu_s'):.2f} | - | - |")
+        rows.append(f"| {name} task process, Flower's launcher: a new interpreter imports `{ENTRY[name]}` (all before "
+                    f"its first heartbeat), then the app | {_median(cold, 'total_cpu_s'):.2f} | - | - |")
         rows.append(f"| {name} task process, forked by the warm executor | {_median(warm, 'cpu_s'):.3f} | 0 | - |")
     return rows
 
@@ -90,7 +91,9 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(f"`python benchmarks/app_import_cost.py --repeat {args.repeat}`\n\n{text}\n",
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        args.out.write_text(f"`python benchmarks/app_import_cost.py --repeat {args.repeat}` ({os.cpu_count()} CPUs, "
+                            f"load average {load} at the end: other load inflates CPU seconds too)\n\n{text}\n",
                             encoding="utf-8")
 
 
