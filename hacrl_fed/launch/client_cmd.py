@@ -201,10 +201,10 @@ def _worker_argv(config: Path, address: str, address_file: Path, token_file: Pat
 
 
 def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, token_file: Path, port: int,
-                    env: dict[str, str], worker: ManagedProcess | None) -> int:
+                    env: dict[str, str], worker: ManagedProcess | None, secret_file: Path) -> int:
     """Keep a SuperNode and its ClientApp executor running while the worker lives; restart them with backoff when
-    one exits (SuperLink not up yet, key not registered yet, coordinator restarted). Returns 1 when the worker
-    dies or a restart cannot help."""
+    one exits (SuperLink not up yet, key not registered yet, coordinator restarted); each start writes a fresh
+    SuperExec secret to ``secret_file``. Returns 1 when the worker dies or a restart cannot help."""
     emit = lambda level, msg: log.log(level, "%s", msg)  # noqa: E731
     watcher, tasks = SupernodeWatcher(cfg.superlink, cfg.node_key, emit), TaskWatcher(emit)
     log.info("connecting to the coordinator at %s as %r (SuperNode log: %s)", cfg.superlink, cfg.agent.name,
@@ -214,7 +214,7 @@ def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, token_file
         node, executor = launch.start_warm_supernode(
             sup, "supernode", superlink=cfg.superlink, port=port, env=env,
             node_config={"agent-name": cfg.agent.name, "worker-address": address, "worker-token-file": str(token_file)},
-            secret_file=token_file.parent / "superexec.secret", insecure=cfg.insecure,
+            secret_file=secret_file, insecure=cfg.insecure,
             root_certificates=cfg.root_certificates, node_key=cfg.node_key, on_line=watcher.feed,
             on_task_line=tasks.feed, echo=sys.stdout, echo_filter=worker_line_visible)
         started = time.monotonic()
@@ -323,7 +323,8 @@ def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_addres
             health = wait_until_healthy(address, worker_timeout_s, token=token)
             check_worker_health(health, cfg, address)
             log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)
-            return _supernode_loop(sup, cfg, address, token_file, port or free_port(), env, worker)
+            return _supernode_loop(sup, cfg, address, token_file, port or free_port(), env, worker,
+                                   site_dir / "superexec.secret")
         except Shutdown as sig:
             log.info("%s: stopping the site", sig)
             return 0
