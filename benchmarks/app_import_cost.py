@@ -70,8 +70,8 @@ def measure(repeat: int) -> list[str]:
                     f"{', '.join(runs[0]['heavy']) or '-'} |")
     for name in ENTRY:
         runs = [_run(_IMPORT, ENTRY[name], APPS[name]) for _ in range(repeat)]
-        rows.append(f"| {name} module after Flower's task runtime (the app's own part) | {_median(runs, 'cpu_s'):.3f} | "
-                    f"{runs[0]['modules']} | - |")
+        rows.append(f"| {name} module after Flower's task runtime (the app's own part) | "
+                    f"{_median(runs, 'cpu_s'):.3f} | {runs[0]['modules']} | - |")
     for name in ENTRY:
         cold = [_run(_IMPORT, ENTRY[name], APPS[name]) for _ in range(repeat)]
         warm = [_run(_FORK, ENTRY[name], APPS[name]) for _ in range(repeat)]

@@ -139,8 +139,8 @@ def _client(address: str, insecure: bool, root_certificates: str | None, secret:
 
     interceptors = [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
     if secret:
-        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret,
-                                                          protected_methods=frozenset({"/flwr.proto.Runtime/AcquireTask"})))
+        protected = frozenset({"/flwr.proto.Runtime/AcquireTask"})  # as flower-superexec (run_superexec.py)
+        interceptors.append(SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods=protected))
     return RuntimeHttpClient.from_server_address(
         server_address=address, insecure=insecure,
         root_certificates=validate_and_resolve_root_certificates(root_certificates, insecure),

@@ -56,4 +56,5 @@ def run_end_line(run_id: int | None, status: str, details: str = "", log_lines: 
     if status.endswith(":completed"):
         return None
     cause = flower_cause(details) or _log_cause(log_lines) or "no cause was recorded (see logs/superlink.log)"
-    return f"the Flower run {run_id if run_id is not None else '?'} ended ({status or 'status unknown'}): {cause}; {resume}"
+    run = run_id if run_id is not None else "?"
+    return f"the Flower run {run} ended ({status or 'status unknown'}): {cause}; {resume}"

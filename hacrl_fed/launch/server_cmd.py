@@ -156,9 +156,9 @@ def run_server(cfg: ServerConfig, *, echo: IO[str] | None = None) -> int:
         sup.handle_signals()
         try:
             superlink, executor = launch.start_warm_superlink(
-                sup, host=sl.host, port=sl.port, database=sl.database, env=env, secret_file=run_dir / "superexec.secret",
-                insecure=sl.insecure, ca_cert=sl.ca_cert, server_cert=sl.server_cert, server_key=sl.server_key,
-                node_auth=sl.node_auth)
+                sup, host=sl.host, port=sl.port, database=sl.database, env=env,
+                secret_file=run_dir / "superexec.secret", insecure=sl.insecure, ca_cert=sl.ca_cert,
+                server_cert=sl.server_cert, server_key=sl.server_key, node_auth=sl.node_auth)
             if sl.node_auth:
                 _register_roster(cfg, env, run_dir / "node_keys")
             run = launch.start_run(sup, app_dir, {"config-path": str(resolved)}, env=env, echo=echo or sys.stdout)

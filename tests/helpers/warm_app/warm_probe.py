@@ -44,6 +44,7 @@ def main(grid: Grid, context: Context) -> None:
                                   else dict(reply.content["probe"]))
     if context.run_config["fail"]:
         msgs = [Message(RecordDict(), dst_node_id=n, message_type="query.fail", group_id="fail") for n in nodes]
-        out["failed"] = [r.error.reason if r.has_error() else "no error" for r in grid.send_and_receive(msgs, timeout=120)]
+        replies = grid.send_and_receive(msgs, timeout=120)
+        out["failed"] = [r.error.reason if r.has_error() else "no error" for r in replies]
     with open(str(context.run_config["out"]), "w", encoding="utf-8") as f:
         json.dump(out, f)
