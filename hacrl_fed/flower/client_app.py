@@ -81,7 +81,8 @@ def _serve(msg: Message, context: Context, call: Callable[[WorkerLink, SiteReply
         code, reason = records.ERROR_WORKER_UNAVAILABLE, str(err)
     except WorkerError as err:
         code, reason = records.ERROR_WORKER, str(err)
-    log.error("%s (%s): %s", msg.metadata.message_type, agent or "?", reason)
+    log.error("%s %s of %s not carried out, the coordinator gets an error reply: %s", msg.metadata.group_id or "-",
+              msg.metadata.message_type, agent or "?", reason)  # on the site's terminal (executor output)
     return Message(Error(code=code, reason=f"{agent or '?'}: {reason}"), reply_to=msg)
 
 

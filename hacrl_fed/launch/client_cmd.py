@@ -15,7 +15,10 @@
 3. start ``flower-supernode`` with TLS (``--root-certificates``) and SuperNode authentication
    (``--auth-supernode-private-key``) or ``--insecure``, its own ClientApp API port, and the node
    config ``agent-name=... worker-address=... worker-token-file=...`` the per-message ClientApp reads;
-4. supervise both: a SuperNode that exits (SuperLink not reachable yet, key not registered yet,
+   with ``--isolation process`` and the warm executor that forks every ClientApp task from a process that
+   has imported it once (:mod:`hacrl_fed.flower.executor`); an order the site does not carry out is
+   reported in one line with its cause (:class:`~hacrl_fed.site.watch.TaskWatcher`);
+4. supervise them: a SuperNode (or executor) that exits (SuperLink not reachable yet, key not registered yet,
    coordinator restarted) is restarted with backoff, and connection trouble is reported in plain
    words (:class:`~hacrl_fed.site.watch.SupernodeWatcher`); if the worker exits, or on
    SIGINT/SIGTERM, everything is stopped and the command exits.
@@ -40,7 +43,7 @@ from hacrl_fed.config import ClientConfig, ConfigError, absolute_path
 from hacrl_fed.launch import processes as launch
 from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, free_port, port_problem
 from hacrl_fed.protocol.worker_token import TOKEN_FILE, TokenFileError, read_token, write_token
-from hacrl_fed.site.watch import SupernodeWatcher, worker_line_visible
+from hacrl_fed.site.watch import SupernodeWatcher, TaskWatcher, worker_line_visible
 from hacrl_fed.site.worker_link import WorkerError, wait_until_healthy
 
 __all__ = ["check_site", "check_worker_health", "fill_site_layout", "resolve_client_config", "run_client"]
@@ -198,34 +201,43 @@ def _worker_argv(config: Path, address: str, address_file: Path, token_file: Pat
 
 
 def _supernode_loop(sup: Supervisor, cfg: ClientConfig, address: str, token_file: Path, port: int,
-                    env: dict[str, str], worker: ManagedProcess | None) -> int:
-    """Keep a SuperNode running while the worker lives; restart it with backoff when it exits
-    (SuperLink not up yet, key not registered yet, coordinator restarted). Returns 1 when the worker dies."""
-    watcher = SupernodeWatcher(cfg.superlink, cfg.node_key, lambda level, msg: log.log(level, "%s", msg))
+                    env: dict[str, str], worker: ManagedProcess | None, secret_file: Path) -> int:
+    """Keep a SuperNode and its ClientApp executor running while the worker lives; restart them with backoff when
+    one exits (SuperLink not up yet, key not registered yet, coordinator restarted); each start writes a fresh
+    SuperExec secret to ``secret_file``. Returns 1 when the worker dies or a restart cannot help."""
+    emit = lambda level, msg: log.log(level, "%s", msg)  # noqa: E731
+    watcher, tasks = SupernodeWatcher(cfg.superlink, cfg.node_key, emit), TaskWatcher(emit)
     log.info("connecting to the coordinator at %s as %r (SuperNode log: %s)", cfg.superlink, cfg.agent.name,
              sup.log_dir / "supernode.log")
     backoff = 1.0
     while True:
-        node = launch.start_supernode(sup, "supernode", superlink=cfg.superlink, port=port,
-                                      node_config={"agent-name": cfg.agent.name, "worker-address": address,
-                                                   "worker-token-file": str(token_file)}, env=env,
-                                      insecure=cfg.insecure, root_certificates=cfg.root_certificates,
-                                      node_key=cfg.node_key, on_line=watcher.feed)
+        node, executor = launch.start_warm_supernode(
+            sup, "supernode", superlink=cfg.superlink, port=port, env=env,
+            node_config={"agent-name": cfg.agent.name, "worker-address": address, "worker-token-file": str(token_file)},
+            secret_file=secret_file, insecure=cfg.insecure,
+            root_certificates=cfg.root_certificates, node_key=cfg.node_key, on_line=watcher.feed,
+            on_task_line=tasks.feed, echo=sys.stdout, echo_filter=worker_line_visible)
         started = time.monotonic()
-        while node.alive() and (worker is None or worker.alive()):
+        while node.alive() and executor.alive() and (worker is None or worker.alive()):
             time.sleep(0.5)
         if worker is not None and not worker.alive():
             log.error("the worker exited with code %s; stopping the site (log: %s)\n%s", worker.returncode,
                       worker.log_path, worker.tail())
             return 1
-        code = node.returncode
+        code, task_code = node.returncode, executor.returncode
+        sup.stop(executor)
         sup.stop(node)
         if watcher.fatal:  # a restart cannot help
             log.error("%s; stopping the site (choose another --port)", watcher.fatal)
             return 1
+        if task_code == 2:  # it cannot import the ClientApp: a restart cannot help
+            log.error("the ClientApp executor cannot start (log: %s): %s", executor.log_path, executor.tail(3))
+            return 1
         if time.monotonic() - started > 120:
             backoff = 1.0
-        log.info("flower-supernode exited (%s); restarting it in %.0f s", watcher.exit_reason(code), backoff)
+        why = (f"flower-supernode exited ({watcher.exit_reason(code)})" if code is not None
+               else f"the ClientApp executor exited with code {task_code} (log: {executor.log_path})")
+        log.info("%s; restarting it in %.0f s", why, backoff)
         time.sleep(backoff)
         backoff = min(2 * backoff, 30.0)
 
@@ -311,7 +323,8 @@ def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_addres
             health = wait_until_healthy(address, worker_timeout_s, token=token)
             check_worker_health(health, cfg, address)
             log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)
-            return _supernode_loop(sup, cfg, address, token_file, port or free_port(), env, worker)
+            return _supernode_loop(sup, cfg, address, token_file, port or free_port(), env, worker,
+                                   site_dir / "superexec.secret")
         except Shutdown as sig:
             log.info("%s: stopping the site", sig)
             return 0

@@ -9,6 +9,10 @@ starts the process under a :class:`~hacrl_fed.launch.supervise.Supervisor`.
 * :func:`write_flwr_config` — ``$FLWR_HOME/config.toml`` with one SuperLink connection.
 * :func:`start_superlink`, :func:`start_supernode`, :func:`start_worker` — long-running processes,
   returned once they listen (TCP port / worker address file + Health).
+* :func:`start_warm_superlink`, :func:`start_warm_supernode` — either with its executor (below): how the
+  commands start them.
+* :func:`start_executor` — the warm task executor (:mod:`hacrl_fed.flower.executor`) that runs the
+  ServerApp / ClientApp tasks of a SuperLink / SuperNode started with ``isolation="process"``.
 * :func:`register_supernode` — ``flwr supernode register`` of an agent's node-auth public key.
 * :func:`install_app`, :func:`start_run`, :func:`stop_run`, :func:`run_status` — the Flower app.
 """
@@ -40,13 +44,18 @@ __all__ = [
     "has_text",
     "install_app",
     "register_supernode",
+    "run_outcome",
     "run_status",
     "start_run",
+    "start_executor",
     "start_superlink",
     "start_supernode",
+    "start_warm_superlink",
+    "start_warm_supernode",
     "start_worker",
     "stop_run",
     "write_flwr_config",
+    "write_superexec_secret",
 ]
 
 CONNECTION = "hacrl"
@@ -111,14 +120,17 @@ def check_importable(modules: Sequence[str], python: str = sys.executable, env: 
 
 def start_superlink(sup: Supervisor, *, host: str, port: int, database: str | Path, env: Mapping[str, str],
                     insecure: bool = False, ca_cert: str | None = None, server_cert: str | None = None,
-                    server_key: str | None = None, node_auth: bool = True, timeout_s: float = 60.0) -> ManagedProcess:
+                    server_key: str | None = None, node_auth: bool = True, timeout_s: float = 60.0,
+                    isolation: str = "subprocess", superexec_secret: str | Path | None = None) -> ManagedProcess:
     """Start ``flower-superlink`` (Fleet, Control and Runtime APIs on ``host:port``); return when it listens.
 
-    Runtime dependency installation is disabled. Raises ValueError for contradictory flags,
+    Runtime dependency installation is disabled. ``isolation="process"``: the SuperLink starts no
+    ``flower-superexec``; :func:`start_executor` runs its ServerApp tasks, authenticated with the secret in
+    ``superexec_secret`` (a file; see :func:`write_superexec_secret`). Raises ValueError for contradictory flags,
     RuntimeError / TimeoutError (with the log tail) when it does not come up.
     """
     argv = [find_executable("flower-superlink"), "--host", host, "--port", str(port), "--database", str(database),
-            "--disable-runtime-dependency-installation"]
+            "--disable-runtime-dependency-installation", *_isolation_args(isolation, superexec_secret)]
     if insecure:
         if node_auth:
             raise ValueError("SuperNode authentication needs TLS")
@@ -144,14 +156,17 @@ def _wait_listening(proc: ManagedProcess, host: str, port: int, timeout_s: float
 
 def start_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, node_config: Mapping[str, str],
                     env: Mapping[str, str], insecure: bool = False, root_certificates: str | None = None,
-                    node_key: str | None = None, on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+                    node_key: str | None = None, on_line: Callable[[str], None] | None = None,
+                    isolation: str = "subprocess", superexec_secret: str | Path | None = None) -> ManagedProcess:
     """Start ``flower-supernode`` connecting to ``superlink`` (host:port); its ClientApp API on 127.0.0.1:``port``.
 
     ``on_line`` receives every line of its log (e.g. a :class:`~hacrl_fed.site.watch.SupernodeWatcher`).
+    ``isolation="process"``: the SuperNode starts no ``flower-superexec``; :func:`start_executor` runs its
+    ClientApp tasks (authenticated with the secret in the file ``superexec_secret``, if given).
     Raises ValueError when TLS is wanted but no root certificate is given.
     """
     argv = [find_executable("flower-supernode"), "--superlink", superlink, "--port", str(port),
-            "--node-config", format_node_config(node_config)]
+            "--node-config", format_node_config(node_config), *_isolation_args(isolation, superexec_secret)]
     if insecure:
         argv.append("--insecure")
     elif root_certificates:
@@ -161,6 +176,92 @@ def start_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, no
     if node_key:
         argv += ["--auth-supernode-private-key", str(node_key)]
     return sup.start(name, argv, env=env, on_line=on_line)
+
+
+def _isolation_args(isolation: str, secret: str | Path | None) -> list[str]:
+    if isolation not in ("subprocess", "process"):
+        raise ValueError(f"isolation {isolation!r}: expected 'subprocess' or 'process'")
+    if isolation == "subprocess":
+        return []
+    return ["--isolation", "process", *(["--superexec-auth-secret-file", str(secret)] if secret else [])]
+
+
+def write_superexec_secret(path: str | Path) -> Path:
+    """Write a fresh random SuperExec secret (32 bytes, mode 0600) to ``path``: the SuperLink / SuperNode and
+    its executor share it, so no one else who reaches the Runtime API can take its tasks."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.unlink(missing_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return p
+
+
+EXECUTOR_MODULE = "hacrl_fed.flower.executor"
+
+
+def start_executor(sup: Supervisor, name: str, *, runtime_address: str, task: str, preload: Sequence[str],
+                   env: Mapping[str, str], parent_pid: int, root_certificates: str | None = None,
+                   superexec_secret: str | Path | None = None, echo: IO[str] | None = None,
+                   echo_filter: Callable[[str], bool] | None = None,
+                   on_line: Callable[[str], None] | None = None) -> ManagedProcess:
+    """Start the warm task executor (:mod:`hacrl_fed.flower.executor`) for the Runtime API at ``runtime_address``
+    of a SuperLink (``task="serverapp"``) or SuperNode (``task="clientapp"``) started with ``isolation="process"``.
+
+    It imports ``preload`` once and forks every task from there; it stops when ``parent_pid`` (that SuperLink or
+    SuperNode) is gone. Plain HTTP unless ``root_certificates`` (the Runtime API's CA) is given. Its output goes to
+    ``<name>.log``, ``echo`` (lines ``echo_filter`` accepts) and ``on_line`` (e.g. a
+    :class:`~hacrl_fed.site.watch.TaskWatcher`). Raises OSError when Python cannot be started.
+    """
+    # -P: the current directory is not put on sys.path (a checkout of another hacrl_fed there must not shadow ours)
+    argv = [sys.executable, "-P", "-m", EXECUTOR_MODULE, "--runtime-api-address", runtime_address, "--task", task,
+            "--parent-pid", str(parent_pid), *[a for m in preload for a in ("--preload", m)]]
+    argv += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
+    if superexec_secret:
+        argv += ["--superexec-auth-secret-file", str(superexec_secret)]
+    return sup.start(name, argv, env=env, echo=echo, echo_filter=echo_filter, on_line=on_line)
+
+
+SERVER_APP = "hacrl_fed.flower.server_app"
+CLIENT_APP = "hacrl_fed.flower.client_app"
+
+
+def start_warm_superlink(sup: Supervisor, *, host: str, port: int, database: str | Path, env: Mapping[str, str],
+                         secret_file: str | Path, insecure: bool = False, ca_cert: str | None = None,
+                         server_cert: str | None = None, server_key: str | None = None,
+                         node_auth: bool = True) -> tuple[ManagedProcess, ManagedProcess]:
+    """:func:`start_superlink` with ``isolation="process"`` and its ServerApp executor (``serverapp``, preloading
+    the ServerApp), sharing a fresh secret written to ``secret_file``. Returns (SuperLink, executor)."""
+    secret = write_superexec_secret(secret_file)
+    link = start_superlink(sup, host=host, port=port, database=database, env=env, insecure=insecure, ca_cert=ca_cert,
+                           server_cert=server_cert, server_key=server_key, node_auth=node_auth, isolation="process",
+                           superexec_secret=secret)
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    executor = start_executor(sup, "serverapp", runtime_address=f"{connect}:{port}", task="serverapp",
+                              preload=[SERVER_APP], env=env, parent_pid=link.pid,
+                              root_certificates=None if insecure else ca_cert, superexec_secret=secret)
+    return link, executor
+
+
+def start_warm_supernode(sup: Supervisor, name: str, *, superlink: str, port: int, node_config: Mapping[str, str],
+                         env: Mapping[str, str], secret_file: str | Path, insecure: bool = False,
+                         root_certificates: str | None = None, node_key: str | None = None,
+                         on_line: Callable[[str], None] | None = None,
+                         on_task_line: Callable[[str], None] | None = None, echo: IO[str] | None = None,
+                         echo_filter: Callable[[str], bool] | None = None) -> tuple[ManagedProcess, ManagedProcess]:
+    """:func:`start_supernode` with ``isolation="process"`` and its ClientApp executor (named ``clientapp`` after
+    ``name``'s suffix: ``supernode-alice`` → ``clientapp-alice``), sharing a fresh secret written to
+    ``secret_file``. ``on_line`` gets the SuperNode's lines; ``on_task_line``, ``echo``/``echo_filter`` the
+    executor's (the ClientApp tasks' output). Returns (SuperNode, executor)."""
+    secret = write_superexec_secret(secret_file)
+    node = start_supernode(sup, name, superlink=superlink, port=port, node_config=node_config, env=env,
+                           insecure=insecure, root_certificates=root_certificates, node_key=node_key, on_line=on_line,
+                           isolation="process", superexec_secret=secret)
+    executor = start_executor(sup, "clientapp" + name.removeprefix("supernode"), runtime_address=f"127.0.0.1:{port}",
+                              task="clientapp", preload=[CLIENT_APP], env=env, parent_pid=node.pid,
+                              superexec_secret=secret, on_line=on_task_line, echo=echo, echo_filter=echo_filter)
+    return node, executor
 
 
 WORKER_STOP_GRACE_S = 300.0
@@ -259,13 +360,19 @@ def run_id_of(proc: ManagedProcess) -> int | None:
 
 def run_status(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> str:
     """Status of a run as ``flwr list`` reports it (e.g. ``finished:completed``); '' if unknown."""
+    return run_outcome(env, run_id, connection=connection)[0]
+
+
+def run_outcome(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> tuple[str, str]:
+    """(status, status details) of a run as ``flwr list --format json`` reports them (e.g. ``finished:failed``,
+    ``No heartbeat received from the task``); ('', '') if unknown."""
     argv = [find_executable("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"]
     res = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=60)
     try:
         runs = json.loads(res.stdout).get("runs", [])
     except (json.JSONDecodeError, AttributeError):
-        return ""
-    return str(runs[0].get("status", "")) if runs else ""
+        return "", ""
+    return (str(runs[0].get("status", "")), str(runs[0].get("status-details", ""))) if runs else ("", "")
 
 
 def stop_run(env: Mapping[str, str], run_id: int, *, connection: str = CONNECTION) -> bool:

@@ -7,7 +7,8 @@
 2. write ``<run dir>/server.resolved.json`` (what the ServerApp reads) and a private ``FLWR_HOME``
    (``<run dir>/flwr/config.toml`` with one SuperLink connection);
 3. start ``flower-superlink`` (TLS and SuperNode authentication by default, ``--database``, no
-   runtime dependency installation; telemetry and update checks off);
+   runtime dependency installation; telemetry and update checks off) with ``--isolation process`` and the warm
+   executor that runs its ServerApp (:mod:`hacrl_fed.flower.executor`);
 4. register every roster agent's SuperNode key (``flwr supernode register --name <agent>``);
 5. ``flwr run <run dir>/flwr_app hacrl --run-config ... --stream`` and stream its log;
 6. on completion, SIGINT or SIGTERM: stop the run, then every process (no orphans).
@@ -28,6 +29,7 @@ from typing import IO
 
 from hacrl_fed.config import ConfigError, ServerConfig, absolute_path
 from hacrl_fed.launch import processes as launch
+from hacrl_fed.launch.run_end import run_end_line
 from hacrl_fed.launch.supervise import ManagedProcess, Shutdown, Supervisor, port_problem
 
 __all__ = ["resolve_server_config", "run_server"]
@@ -122,10 +124,12 @@ def _register_roster(cfg: ServerConfig, env: dict[str, str], key_dir: Path) -> N
         log.info("SuperNode key of %s: %s", agent, outcome)
 
 
-def _watch(run: ManagedProcess, superlink: ManagedProcess) -> int:
+def _watch(run: ManagedProcess, *others: ManagedProcess) -> int:
+    """Wait for ``flwr run`` to end; raise RuntimeError (with its log tail) when one of ``others`` exits first."""
     while run.alive():
-        if not superlink.alive():
-            raise RuntimeError(f"flower-superlink exited with code {superlink.returncode}:\n{superlink.tail()}")
+        for proc in others:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited with code {proc.returncode}:\n{proc.tail()}")
         time.sleep(0.5)
     return int(run.returncode or 0)
 
@@ -151,19 +155,30 @@ def run_server(cfg: ServerConfig, *, echo: IO[str] | None = None) -> int:
     with Supervisor(run_dir / "logs") as sup:
         sup.handle_signals()
         try:
-            superlink = launch.start_superlink(sup, host=sl.host, port=sl.port, database=sl.database, env=env,
-                                               insecure=sl.insecure, ca_cert=sl.ca_cert, server_cert=sl.server_cert,
-                                               server_key=sl.server_key, node_auth=sl.node_auth)
+            superlink, executor = launch.start_warm_superlink(
+                sup, host=sl.host, port=sl.port, database=sl.database, env=env,
+                secret_file=run_dir / "superexec.secret", insecure=sl.insecure, ca_cert=sl.ca_cert,
+                server_cert=sl.server_cert, server_key=sl.server_key, node_auth=sl.node_auth)
             if sl.node_auth:
                 _register_roster(cfg, env, run_dir / "node_keys")
             run = launch.start_run(sup, app_dir, {"config-path": str(resolved)}, env=env, echo=echo or sys.stdout)
-            code = _watch(run, superlink)
+            code = _watch(run, superlink, executor)
         except Shutdown as sig:
             log.info("%s: stopping the run and the SuperLink", sig)
             if run is not None and (rid := launch.run_id_of(run)) is not None:
                 launch.stop_run(env, rid)
             return 128 + sig.signum
         rid = launch.run_id_of(run)
-        status = launch.run_status(env, rid) if rid is not None else ""
+        status, details = launch.run_outcome(env, rid) if rid is not None else ("", "")
         log.info("run %s ended: exit code %d, status %r", rid, code, status)
+        if (line := run_end_line(rid, status, details, _log_lines(sup.log_dir / "serverapp.log"))) is not None:
+            log.error("%s", line)
         return 0 if code == 0 and status.endswith("completed") else 1
+
+
+def _log_lines(path: Path) -> list[str]:
+    """The last 200 lines of a log file ([] if it cannot be read)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
+    except OSError:
+        return []

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from hacrl_fed.config import SimulateConfig
 from hacrl_fed.launch import processes as launch
+from hacrl_fed.launch.run_end import run_end_line
 from hacrl_fed.launch.simulate_setup import (
     DEFAULT_CONFIG,
     Layout,
@@ -55,6 +56,7 @@ from hacrl_fed.launch.supervise import (
     free_port,
 )
 from hacrl_fed.protocol.worker_token import TOKEN_FILE, TokenFileError, read_token, write_token
+from hacrl_fed.site.watch import TaskWatcher
 
 __all__ = ["DEFAULT_CONFIG", "Layout", "SimulationError", "SimulationResult", "default_config", "load_layout",
            "peak_rss_bytes", "prepare_run", "run_simulation", "worker_env"]
@@ -156,28 +158,35 @@ def _await_workers(started: Mapping[str, tuple[ManagedProcess, Path, float]], vi
 
 
 def _start_superlink(sup: Supervisor, layout: Layout) -> tuple[ManagedProcess, dict[str, str]]:
-    """``flower-superlink`` (+ every node key registered with TLS). Returns it and the ``flwr`` CLI env."""
+    """``flower-superlink`` and its ServerApp executor (+ every node key registered with TLS). Returns the SuperLink
+    and the ``flwr`` CLI env."""
     sl = layout.server.superlink
     flwr_home = layout.run_dir / "flwr"
     launch.write_flwr_config(flwr_home, f"127.0.0.1:{sl.port}", insecure=sl.insecure, root_certificates=sl.ca_cert)
     env = launch.flwr_env(flwr_home)
-    superlink = launch.start_superlink(sup, host=sl.host, port=sl.port, database=sl.database, env=env,
-                                       insecure=sl.insecure, ca_cert=sl.ca_cert, server_cert=sl.server_cert,
-                                       server_key=sl.server_key, node_auth=sl.node_auth)
+    superlink, _ = launch.start_warm_superlink(sup, host=sl.host, port=sl.port, database=sl.database, env=env,
+                                               secret_file=layout.run_dir / "superexec.secret", insecure=sl.insecure,
+                                               ca_cert=sl.ca_cert, server_cert=sl.server_cert,
+                                               server_key=sl.server_key, node_auth=sl.node_auth)
     if sl.node_auth:
         for name, client in layout.clients.items():
             launch.register_supernode(env, str(client.node_key).removesuffix(".key") + ".pub", name)
     return superlink, env
 
 
-def _start_supernodes(sup: Supervisor, layout: Layout, addresses: Mapping[str, str]) -> None:
-    """One ``flower-supernode`` per agent, its own ``FLWR_HOME`` and ClientApp API port."""
+def _start_supernodes(sup: Supervisor, layout: Layout, addresses: Mapping[str, str], view) -> None:
+    """One ``flower-supernode`` per agent, its own ``FLWR_HOME`` and ClientApp API port, and its ClientApp executor;
+    an order an agent does not carry out is one line on the terminal (:class:`~hacrl_fed.site.watch.TaskWatcher`)."""
     for name, client in layout.clients.items():
-        launch.start_supernode(sup, f"supernode-{name}", superlink=client.superlink, port=free_port(),
-                               node_config={"agent-name": name, "worker-address": addresses[name],
-                                            "worker-token-file": str(token_path(layout, name))},
-                               env=launch.flwr_env(layout.run_dir / name / "flwr"), insecure=client.insecure,
-                               root_certificates=client.root_certificates, node_key=client.node_key)
+        tasks = TaskWatcher(lambda level, msg, name=name: (log.log(level, "%s: %s", name, msg),
+                                                          view.message(f"{name}: {msg}")))
+        launch.start_warm_supernode(sup, f"supernode-{name}", superlink=client.superlink, port=free_port(),
+                                    node_config={"agent-name": name, "worker-address": addresses[name],
+                                                 "worker-token-file": str(token_path(layout, name))},
+                                    env=launch.flwr_env(layout.run_dir / name / "flwr"),
+                                    secret_file=layout.run_dir / name / "superexec.secret", insecure=client.insecure,
+                                    root_certificates=client.root_certificates, node_key=client.node_key,
+                                    on_task_line=tasks.feed)
 
 
 def _follow(sup: Supervisor, run: ManagedProcess, layout: Layout, view) -> None:
@@ -252,7 +261,8 @@ def _export(layout: Layout, workers: Mapping[str, tuple[ManagedProcess, str, flo
 
 def _run_flower(sup: Supervisor, layout: Layout, env: Mapping[str, str], view,
                 phases: dict[str, float]) -> tuple[int, str]:
-    """``flwr run`` of the ServerApp, followed to its end. Returns (exit code, Flower run status)."""
+    """``flwr run`` of the ServerApp, followed to its end. Returns (exit code, Flower run status); a run that did not
+    complete is explained in one line (:func:`~hacrl_fed.launch.run_end.run_end_line`) on the terminal."""
     app_dir = launch.install_app(layout.run_dir / "flwr_app")
     t0 = time.monotonic()
     run = launch.start_run(sup, app_dir, {"config-path": str(layout.run_dir / "server.resolved.json")}, env=env)
@@ -264,7 +274,15 @@ def _run_flower(sup: Supervisor, layout: Layout, env: Mapping[str, str], view,
         raise
     phases["run_s"] = time.monotonic() - t0
     rid = launch.run_id_of(run)
-    status = launch.run_status(env, rid) if rid is not None else ""
+    status, details = launch.run_outcome(env, rid) if rid is not None else ("", "")
+    try:
+        lines = (sup.log_dir / "serverapp.log").read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
+    except OSError:
+        lines = []
+    resume = f"resume it with `hacrl-fed simulate --resume {layout.run_dir}`"
+    if (line := run_end_line(rid, status, details, lines, resume=resume)) is not None:
+        log.error("%s", line)
+        view.message(line)
     return int(run.returncode or 0), status
 
 
@@ -346,7 +364,7 @@ def _run_processes(sup: Supervisor, layout: Layout, view, result: SimulationResu
         result.agents[name] = {"device": layout.devices[name], "model": layout.clients[name].agent.model.name_or_path,
                                "load_s": load_s, "worker_pid": proc.pid, "worker_address": address}
     t1 = time.monotonic()
-    _start_supernodes(sup, layout, {n: w[1] for n, w in workers.items()})
+    _start_supernodes(sup, layout, {n: w[1] for n, w in workers.items()}, view)
     phases["flower_start_s"] = time.monotonic() - t1
     code, status = _run_flower(sup, layout, env, view, phases)
     if code == 0 and status.endswith("completed"):

@@ -8,6 +8,10 @@ operator needs (ARCHITECTURE.md §1):
   coordinator is unreachable, it refuses to activate this node (the key is not registered there, or
   a node with this key is still connected: what is known is said), the TLS certificate does not
   match, the node's own port is taken; and when the node is connected again;
+* :class:`TaskWatcher` reads the output of the executor that runs this site's ClientApp tasks
+  (:mod:`hacrl_fed.flower.executor`) and says, in one line, when an order from the coordinator was not
+  carried out and why (Flower withdrew the task, the ClientApp failed, the reply could not be sent):
+  the coordinator then leaves this site out of that step;
 * :func:`worker_line_visible` selects the worker's own log lines (one per generated and trained
   step, evaluations, checkpoints, warnings) for the terminal.
 
@@ -22,12 +26,23 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["SupernodeWatcher", "worker_line_visible"]
+__all__ = ["TASK_FAILED", "TASK_STARTED", "SupernodeWatcher", "TaskWatcher", "worker_line_visible"]
 
 _WORKER_LINE = re.compile(r"^\S+ \S+ (INFO|WARNING|ERROR|CRITICAL) hacrl_fed[\w.]*: ")
 _FLOWER_EXIT = re.compile(r"Exit Code: (\d+)")
 _RECEIVING = re.compile(r"Receiving: (\S+) message")
 _ROUND = re.compile(r"\[RUN (\d+), ROUND ([^\]]*)\]")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b[^:]*: .+")
+
+TASK_STARTED = "hacrl-fed executor: task started:"
+"""Start of the line the executor prints when it starts a task process (then ``<task type> task <id> of run
+<run id>``)."""
+TASK_FAILED = "hacrl-fed executor: task failed:"
+"""Start of the line the executor prints when a task process ends unsuccessfully (then ``<task type> task <id> of
+run <run id> (exit code <n>)``); Flower's lines giving the cause come before it."""
+WITHDRAWN = ("Flower withdrew the task before it ran: its process did not report to the SuperNode within Flower's "
+             "deadline (first heartbeat 30 s after the task was claimed, then every 60 s) — this machine is too "
+             "busy; lighten its load")
 
 
 def worker_line_visible(line: str) -> bool:
@@ -37,6 +52,61 @@ def worker_line_visible(line: str) -> bool:
     if m is None:
         return line.startswith("error: ")
     return m.group(1) != "INFO" or ".detail:" not in line[: m.end()]
+
+
+class TaskWatcher:
+    """Turns the ClientApp executor's output into one site status line per order that was not carried out.
+
+    Args:
+        emit: ``emit(level, message)`` for each status line (``logging`` levels).
+
+    A task whose token Flower refuses (``Runtime task-token authentication failed``, ``401 Unauthorized``:
+    Flower withdrew it because the process missed a heartbeat deadline; the process then ends quietly, with
+    exit code 0) is reported at once (:data:`WITHDRAWN`). A task process that ends unsuccessfully (the
+    executor's :data:`TASK_FAILED` line) is reported with the cause its lines gave before: the last exception
+    line of a traceback, else Flower's exit message (``Exit Code: <n>`` and the line after it). At most
+    one line per task (a task's lines start after :data:`TASK_STARTED`). Thread-safe.
+    """
+
+    def __init__(self, emit: Callable[[int, str], None]) -> None:
+        self.emit = emit
+        self.missed = 0
+        """Orders reported as not carried out so far."""
+        self._cause = ""
+        self._told = False
+        self._after_exit = False
+        self._lock = threading.Lock()
+
+    def feed(self, line: str) -> None:
+        """Take one line of the executor's output (ANSI codes already stripped)."""
+        with self._lock:
+            self._feed(line.strip())
+
+    def _tell(self, cause: str, what: str = "") -> None:
+        if not self._told:
+            self._told = True
+            self.missed += 1
+            self.emit(logging.WARNING, f"an order from the coordinator was not carried out: {cause}"
+                                       f"{f' [{what}]' if what else ''}; the coordinator leaves this site out of "
+                                       f"that step")
+
+    def _feed(self, line: str) -> None:
+        if line.startswith(TASK_STARTED):
+            self._cause, self._told, self._after_exit = "", False, False
+        elif line.startswith(TASK_FAILED):
+            self._tell(self._cause or "the ClientApp process failed (see the executor's log)",
+                       line.removeprefix(TASK_FAILED).strip())
+        elif "task-token authentication failed" in line or "401 Unauthorized" in line:
+            self._tell(WITHDRAWN)
+        elif _FLOWER_EXIT.search(line):
+            self._after_exit = True
+        elif self._after_exit:
+            text = re.sub(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*", "", line)
+            if text:
+                self._after_exit = False
+                self._cause = self._cause or f"Flower: {text}"  # an exception line seen before says more
+        elif _EXCEPTION_LINE.match(line):
+            self._cause = f"the ClientApp failed: {line[:300]}"
 
 
 class SupernodeWatcher:

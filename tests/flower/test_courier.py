@@ -158,12 +158,30 @@ def test_records_reject_wrong_types():
     assert records.content_bytes(rd) > 3
 
 
-def test_client_app_does_not_import_torch():
-    code = ("import sys, hacrl_fed.flower.client_app\n"
-            "heavy = [m for m in ('torch', 'transformers', 'math_verify') if m in sys.modules]\n"
+@pytest.mark.parametrize("module", ["hacrl_fed.flower.client_app", "hacrl_fed.flower.records",
+                                    "hacrl_fed.site.courier"])
+def test_the_client_app_records_and_courier_import_nothing_heavy(module):
+    code = (f"import sys, {module}\n"
+            "heavy = [m for m in ('torch', 'transformers', 'math_verify', 'pydantic', 'hacrl_fed.config', 'datasets')"
+            " if m in sys.modules]\n"
             "assert not heavy, heavy")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_an_order_not_carried_out_is_one_line_on_the_sites_terminal(caplog):
+    import logging
+
+    from hacrl_fed.logs import LOG_FORMAT
+    from hacrl_fed.site.watch import worker_line_visible
+
+    with caplog.at_level(logging.ERROR, logger="hacrl_fed"):
+        reply = client_app.generate(message(records.generate_order(b"x"), records.MSG_GENERATE), context("127.0.0.1:1"))
+    assert reply.has_error()
+    [record] = [r for r in caplog.records if r.name == "hacrl_fed.client_app"]
+    line = logging.Formatter(LOG_FORMAT).format(record)
+    assert worker_line_visible(line)  # the executor's output lines hacrl-fed client echoes
+    assert "g query.generate of alice not carried out, the coordinator gets an error reply: bad order" in line
 
 
 def test_a_failed_checkpoint_keeps_the_training_result(federation, plan):
