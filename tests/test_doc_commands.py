@@ -116,3 +116,16 @@ def test_the_files_the_commands_name_exist():
                     assert (ROOT / path).exists(), f"{_name(page)}: `{line}`: no {path} in the repository"
                     checked += 1
     assert checked >= 10
+
+
+def test_the_links_between_the_pages_resolve():
+    """Every relative link of README.md and docs/ (``[text](path)``, ``#anchor`` dropped) names a file that exists."""
+    checked = 0
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue
+            assert (page.parent / path).exists(), f"{_name(page)}: link to {target}: no such file"
+            checked += 1
+    assert checked >= 20
