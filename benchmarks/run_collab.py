@@ -8,7 +8,7 @@ Recipes (all agents of a cell use the same one; equal rollout budget per prompt 
 * ``naive``              — the pooled rollouts, foreign rows used as if they were own;
 * ``hacpo``              — the paper's HACPO (capability-aware advantages, ω, exponential IS, stepwise clip);
 * ``hacpo_cross_family`` — HACPO with the cross ratio per byte of text, verified peer successes below the
-  window kept at the edge weight and rows above it at weight 1 (README "Cross-family collaboration");
+  window kept at the edge weight and rows above it at weight 1 (docs/benchmarks.md "Cross-family collaboration");
 * ``hacpo_cross_family_task`` — the same with ``algo.capability_scope = "task"`` (capability ratios per task).
 
 Pairs (``--pair``): ``cross-family`` = ``examples/default.toml`` (SmolLM2-135M-Instruct + Gemma-3-270M);

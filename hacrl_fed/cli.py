@@ -54,7 +54,7 @@ def fail(message: str, code: int = 2) -> None:
 
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | vllm (needs device cuda and vllm installed "
-               "in this environment: README, 'Rollout engines').")
+               "in this environment: docs/engines.md).")
 
 
 def _check_engine(engine: str, *, runs_here: bool = True) -> None:

@@ -180,15 +180,17 @@ class ModelConfig(Strict):
     autocast: Literal["none", "bfloat16"] = "none"
     """Mixed precision: ``bfloat16`` runs every forward (generation, scoring, the update) under
     ``torch.autocast`` on the model's device (CPU or CUDA), with float32 weights, gradients and AdamW
-    state (so needs ``dtype = "float32"``). Log-probs then carry bf16 rounding (README, "Mixed precision")."""
+    state (so needs ``dtype = "float32"``). Log-probs then carry bf16 rounding (docs/benchmarks.md, "Behaviour
+    log-probs and mixed precision")."""
     behaviour_logprobs: Literal["auto", "generation", "teacher_forced"] = "auto"
     """Where the behaviour log-probs of the sampled tokens come from: ``generation`` reads them from the
     sampling pass (no second forward); ``teacher_forced`` re-scores every response in one more forward, the
     trainer's layout; ``auto`` picks ``generation`` for float32 and ``teacher_forced`` under bf16 / fp16
     (weights or autocast), where only the trainer's layout reproduces the trainer's own first forward to
-    float32 rounding (``hacrl_fed.rollout.engine``; README, "Mixed precision"). With ``engine = "vllm"``,
-    ``generation`` takes vLLM's log-probs of the sampled tokens and ``auto`` means ``teacher_forced`` (vLLM's
-    kernels and bf16 differ from the trainer's forward; README, "Rollout engines")."""
+    float32 rounding (``hacrl_fed.rollout.engine``; docs/benchmarks.md, "Behaviour log-probs and mixed
+    precision"). With ``engine = "vllm"``, ``generation`` takes vLLM's log-probs of the sampled tokens and
+    ``auto`` means ``teacher_forced`` (vLLM's kernels and bf16 differ from the trainer's forward;
+    docs/engines.md)."""
     chat_template: Literal["auto", "plain"] = "auto"
     """``auto``: the tokenizer's chat template when it has one, else the plain template."""
     system_prompt: str = "Solve the problem. Put the final answer in \\boxed{}."
@@ -210,12 +212,12 @@ class ModelConfig(Strict):
     """Full fine-tuning only: ``false`` freezes the token embedding and the LM head (tied or not). AdamW
     normalizes every gradient, so each of a 262k-entry vocabulary's rows moves by ≈ lr per update even
     when its gradient is ~1e-9 (the softmax pushes down every token not sampled); freezing them keeps a
-    small-batch RL update to the transformer blocks and skips the head's weight gradient (README, "Base-model
-    stability")."""
+    small-batch RL update to the transformer blocks and skips the head's weight gradient (docs/benchmarks.md,
+    "Base-model stability")."""
     engine: Literal["hf", "vllm"] = "hf"
     """Rollout engine: ``hf`` (Hugging Face ``generate``, any device) or ``vllm`` (a colocated vLLM engine on
     the model's CUDA device, installed in the worker's own environment; :mod:`hacrl_fed.rollout.vllm_engine`,
-    README "vLLM on a GPU site"). The three settings below are used by ``vllm`` only."""
+    docs/engines.md "vLLM on a GPU site"). The three settings below are used by ``vllm`` only."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.3
     """vLLM: share of the GPU's memory its engine may take (weights, activations, KV cache); the rest stays
     for the training model, its gradients and optimizer state (TRL's colocate default, 0.3)."""

@@ -4,7 +4,7 @@
 #   HACRL_VENV   the virtual environment to create or reuse (default: .venv in the repository)
 #   PYTHON       the interpreter that creates it (default: python3; Python >= 3.11)
 #
-# Steps (README "Install" and "Real models offline", the manual way):
+# Steps (README "Quickstart", "The same by hand"; docs/commands.md "Real models offline", the manual way):
 #   1. python3 -m venv .venv                      (unless it exists)
 #   2. pip install torch==2.13.0                  (unless that version is installed)
 #   3. pip install -e ".[dev]"                    (unless done for this pyproject.toml)

@@ -1,5 +1,6 @@
 """Every CLI command answers --help, and every module its body imports lazily exists with the names used; the
-README's table of options is the CLI's own help, and every command the README shows uses options that exist.
+table of options (docs/commands.md) is the CLI's own help, and every command the README and docs/ show uses options
+that exist.
 
 The commands import their heavy modules inside the function body (fast --help and config errors),
 so a missing or renamed module would otherwise only show up when someone runs the command.
@@ -99,7 +100,9 @@ def test_version_and_the_order_of_the_commands():
 
 
 ROOT = Path(__file__).resolve().parents[1]
+OPTIONS_PAGE = ROOT / "docs" / "commands.md"
 OPTIONS_HEADING = "### Options of every command"
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _default(p: click.Parameter) -> str:
@@ -111,7 +114,7 @@ def _default(p: click.Parameter) -> str:
 
 
 def options_table() -> str:
-    """The README's table of options, made from the CLI itself: one row per option of every command."""
+    """The table of options of docs/commands.md, made from the CLI itself: one row per option of every command."""
     rows = ["| command | option | default | what |", "|---|---|---|---|"]
     for command in COMMANDS:
         cmd = typer.main.get_command(cli.app)
@@ -128,23 +131,29 @@ def options_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def test_the_readme_table_of_options_is_the_cli_help():
-    """Every option of every command is in README.md's table with its default and its help text, and the table
-    holds nothing else. On a change of the CLI, paste the table this test prints into README.md."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert OPTIONS_HEADING in readme, f"README.md has no {OPTIONS_HEADING!r} section"
+def test_the_docs_table_of_options_is_the_cli_help():
+    """Every option of every command is in docs/commands.md's table with its default and its help text, and the
+    table holds nothing else. On a change of the CLI, paste the table this test prints into docs/commands.md."""
+    readme = OPTIONS_PAGE.read_text(encoding="utf-8")
+    assert OPTIONS_HEADING in readme, f"docs/commands.md has no {OPTIONS_HEADING!r} section"
     section = readme.split(OPTIONS_HEADING, 1)[1]
     start = section.index("| command | option |")
     table = section[start:]
     table = table[:table.index("\n\n") + 1] if "\n\n" in table else table
     expected = options_table()
-    assert table == expected, "README.md's table of options differs from the CLI's help; the table now:\n" + expected
+    assert table == expected, "docs/commands.md's table of options differs from the CLI's help; the table now:\n" \
+        + expected
 
 
-def _readme_invocations() -> list[list[str]]:
-    """``hacrl-fed …`` as README.md shows it: in bash blocks (up to a redirection or the next command) and in
-    inline code (the Commands table, synopses); ``[--opt X]`` brackets and ``...`` dropped."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _readme_invocations() -> list[tuple[str, list[str]]]:
+    """``hacrl-fed …`` as README.md and the pages of docs/ show it, with the page: in bash blocks (up to a
+    redirection or the next command) and in inline code (the Commands table, synopses); ``[--opt X]`` brackets and
+    ``...`` dropped."""
+    return [(page.relative_to(ROOT).as_posix(), argv) for page in DOC_PAGES
+            for argv in _invocations(page.read_text(encoding="utf-8"))]
+
+
+def _invocations(text: str) -> list[list[str]]:
     found = []
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     snippets = [line for block in blocks for line in block.splitlines()]
@@ -164,20 +173,20 @@ def _readme_invocations() -> list[list[str]]:
     return found
 
 
-def test_every_command_in_the_readme_uses_options_that_exist():
+def test_every_command_in_the_readme_and_docs_uses_options_that_exist():
     found = _readme_invocations()
-    assert len(found) >= 10
-    for argv in found:
+    assert len(found) >= 10 and {page for page, _ in found} >= {"README.md", "docs/commands.md"}
+    for page, argv in found:
         cmd: click.Command = typer.main.get_command(cli.app)
         rest = list(argv)
         while isinstance(cmd, click.Group) and rest and rest[0] in cmd.commands:
             cmd = cmd.commands[rest.pop(0)]
         if isinstance(cmd, click.Group):
-            assert not rest or rest[0].startswith("-"), f"README.md: `hacrl-fed {' '.join(argv)}`: no such command"
+            assert not rest or rest[0].startswith("-"), f"{page}: `hacrl-fed {' '.join(argv)}`: no such command"
             continue
         known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
         unknown = [w for w in rest if w.startswith("--") and w.split("=")[0] not in known]
-        assert not unknown, f"README.md: `hacrl-fed {' '.join(argv)}`: unknown option(s) {unknown}"
+        assert not unknown, f"{page}: `hacrl-fed {' '.join(argv)}`: unknown option(s) {unknown}"
 
 
 def _help(command: tuple[str, ...], option: str) -> str:
@@ -188,7 +197,7 @@ def _help(command: tuple[str, ...], option: str) -> str:
 
 
 def test_the_run_name_does_not_seed_sampling_and_the_help_says_so():
-    """The sampling seeds derive from run.seed, the step and the agent (README, "Simulate"); --run-name's help
+    """The sampling seeds derive from run.seed, the step and the agent (docs/simulate.md); --run-name's help
     used to say the run id seeds the agents' sampling."""
     from hacrl_fed.config import SamplingConfig
     from hacrl_fed.coordinator.phases import build_round_plan

@@ -53,7 +53,7 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "hacpo_no_stepwise": MappingProxyType({"cross_clip_step": 0.0}),
     # Extension (not the paper): HACPO for agents of different families and tokenizers — the cross ratio
     # per byte of the shared text, verified peer successes below the window kept at the edge weight, rows
-    # above it kept at weight 1 (README "Cross-family collaboration").
+    # above it kept at weight 1 (docs/benchmarks.md "Cross-family collaboration").
     "hacpo_cross_family": MappingProxyType({"cross_ratio_unit": "byte", "cross_below_window": "success_gated",
                                             "cross_above_window": "on_policy"}),
 })
@@ -108,7 +108,7 @@ class AlgoConfig(BaseModel):
     """δ_step: lower-bound tightening per optimizer update; 0 = "no stepwise"."""
     stepwise_index: Literal["update", "cross_update"] = "cross_update"
     """What m counts: every optimizer update of the step (Eq. 14 read literally, as the authors'
-    rewrite does), or only updates holding cross rows (default; README "HACPO in hacrl-fed")."""
+    rewrite does), or only updates holding cross rows (default; docs/algorithm.md)."""
     ratio_clip: tuple[float, float] = (0.1, 10.0)
     """Bounds of the capability ratio r_{j→k}."""
     capability_scope: Literal["global", "task"] = "global"

@@ -15,7 +15,7 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   ``warmup_rows`` rows — **and** lies below the median of the learner's own recent rows; or, whatever the
   source's history, when it lies more than ``own_margin`` nats per byte below the learner's own median.
   Only rows with a reward are screened (``rewarded_only``) and only rows of at least ``min_bytes``.
-  Rows of another model family sit far from the learner's own rows by nature (README "Cross-family
+  Rows of another model family sit far from the learner's own rows by nature (docs/benchmarks.md "Cross-family
   collaboration"): comparing each source with its own history, and the learner's own rows only with a
   wide margin, keeps honest cross-family rows.
 * **phrase** (:mod:`hacrl_fed.screens.phrases`): a word n-gram that recurs across one source's answers to

@@ -12,7 +12,7 @@ learner's own pre-update forward for own rows. It is never replaced by the curre
 (detached) log-prob — verl's on-policy shortcut would silently corrupt the cross ratio
 (spec §6). Rows are never shuffled, so the stepwise index m of every row is well defined;
 by default m counts only the updates that hold cross rows (``AlgoConfig.stepwise_index``,
-:func:`hacrl_fed.algo.losses.stepwise_indices`, README "HACPO in hacrl-fed: decisions").
+:func:`hacrl_fed.algo.losses.stepwise_indices`, docs/algorithm.md).
 """
 
 from __future__ import annotations

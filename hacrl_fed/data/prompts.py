@@ -60,7 +60,7 @@ trained under the plain template so that ``apply_chat_template`` reproduces its 
 
 PROMPT_FILE = "hacrl_fed_prompt.json"
 """The file in an exported model directory that says how the model was prompted in training
-(:func:`prompt_record`; README, "Using an exported model")."""
+(:func:`prompt_record`; docs/simulate.md, "Using an exported model")."""
 
 PROMPT_FORMAT = "hacrl-fed-prompt/1"
 """The ``format`` of :data:`PROMPT_FILE`."""

@@ -56,7 +56,7 @@ DEFAULT_CONFIG: dict = {
 }
 """The run of ``hacrl-fed simulate`` without ``--config`` (``examples/default.toml`` is the same):
 SmolLM2-135M-Instruct and Gemma-3-270M (different family, size and tokenizer) on the built-in
-arithmetic problems, a few steps of HACPO cross-family (Gemma at lr 1e-6, README "Base-model
+arithmetic problems, a few steps of HACPO cross-family (Gemma at lr 1e-6, docs/benchmarks.md "Base-model
 stability") sized for about 10 minutes on 2 CPU cores."""
 
 

@@ -389,7 +389,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
     lines += ["## Exported models", "", "Plain Hugging Face directories (`AutoModelForCausalLM.from_pretrained(dir)`); "
               "`hacrl_fed_prompt.json` in each says how it was prompted in training and where its answers stop "
-              "(README, \"Using an exported model\"):", ""]
+              "(docs/simulate.md, \"Using an exported model\"):", ""]
     lines += [f"* {n}: `{a['export_dir']}`" if a.get("export_dir") else f"* {n}: not exported ({a.get('export_error') or 'the run did not complete'})"
               for n, a in report["agents"].items()]
     lines += ["", "![curves](plot.png)", ""]

@@ -23,7 +23,7 @@ value. The count includes the terminal EOS when the response stopped on it (the 
 Both compute the same function of the same weights; they differ only by floating-point rounding (the KV
 cache's step-by-step attention against one full forward, left against right padding). Measured on
 SmolLM2-135M-Instruct, 4 × 4 responses, 1013 sampled tokens (``benchmarks/bench_behaviour_logprobs.py``,
-README "Behaviour log-probs and mixed precision"):
+docs/benchmarks.md "Behaviour log-probs and mixed precision"):
 
 * float32: |generation − teacher-forced| per token max 3.0e-5 nats, mean 8.0e-6; an own row's sequence
   ratio before the first update |log s| ≤ 1.2e-5 (GSPO clips at 3e-4); the teacher-forced pass equals the

@@ -4,7 +4,7 @@
 n responses per prompt with a ``vllm.LLM`` that lives in the worker's process next to the training model
 (TRL's "colocate" mode), and keeps that engine's weights equal to the training model's after every update.
 vLLM is imported here only, when the engine is built; the package never requires it (it cannot share an
-environment with flwr 1.42: the worker runs in its own environment, README "vLLM on a GPU site").
+environment with flwr 1.42: the worker runs in its own environment, docs/engines.md "vLLM on a GPU site").
 
 What it does, and where it follows vLLM's documented API (``LLM``, ``SamplingParams``, ``RequestOutput`` /
 ``CompletionOutput``, ``LLM.collective_rpc``, ``LLM.sleep`` / ``wake_up``, ``LoRARequest``):
@@ -26,8 +26,8 @@ What it does, and where it follows vLLM's documented API (``LLM``, ``SamplingPar
   every response with the *training* model in the trainer's layout (:meth:`HFRolloutEngine.score
   <hacrl_fed.rollout.engine.HFRolloutEngine.score>`). ``auto`` (the default) is ``teacher_forced``: vLLM computes
   with its own kernels, usually in bf16, and the project measured bf16 rounding alone at |log s| up to 0.026 for
-  an own row before any update (README "Behaviour log-probs and mixed precision") — every own row would sit
-  outside GSPO's clip window of 3e-4. One more forward of the training model is the price of exact ratios
+  an own row before any update (docs/benchmarks.md "Behaviour log-probs and mixed precision") — every own row
+  would sit outside GSPO's clip window of 3e-4. One more forward of the training model is the price of exact ratios
   (TRL likewise recomputes the old log-probs with the training model).
 * **Weight sync** after every update (:meth:`VLLMRolloutEngine.weights_updated`, done lazily before the next
   generation). Full fine-tuning: every parameter of the training model, by its Hugging Face name, goes to
@@ -55,7 +55,7 @@ The calls were checked against the source of vLLM 0.28.0 (``LLM.generate`` / ``c
 text, the sampler's processed log-probs, ``AutoWeightsLoader.load_weights`` returning the names it loaded,
 ``GPUModelRunner.get_model`` unwrapping CUDA graphs). Where it has run: the adapter logic (request mapping, stop-string cut, EOS, log-prob bookkeeping, sync checks,
 sleep / wake order) is tested here against objects with the documented fields (``tests/worker/test_vllm_engine.py``);
-nothing in this module has run against a real vLLM (no machine of this project can: README engine table).
+nothing in this module has run against a real vLLM (no machine of this project can: docs/engines.md, engine table).
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def require_vllm() -> None:
     if not vllm_available():
         raise VLLMUnavailableError(
             f"engine 'vllm' needs the vllm package, which is not installed in this environment ({sys.executable}); "
-            f"install it in the worker's own environment (README, \"vLLM on a GPU site\") or use the hf engine")
+            f"install it in the worker's own environment (docs/engines.md, \"vLLM on a GPU site\") or use the hf "
+            f"engine")
 
 
 @dataclass(frozen=True)

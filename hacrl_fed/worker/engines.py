@@ -1,4 +1,4 @@
-"""Which rollout engine a site runs: ``model.engine = "hf" | "vllm"`` (README, "Rollout engines").
+"""Which rollout engine a site runs: ``model.engine = "hf" | "vllm"`` (docs/engines.md).
 
 :func:`build_engine` is the one place that picks; the vLLM engine's module (and vllm itself) is imported only
 when it is asked for.
