@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from hacrl_fed.config import ServerConfig
@@ -35,44 +37,149 @@ log = logging.getLogger("hacrl_fed.coordinator")
 app = ServerApp()
 
 
-class FlowerTransport:
-    """The :class:`~hacrl_fed.coordinator.rounds.Transport` over a Flower Grid."""
+PROBE_AFTER_S = 10.0
+"""Seconds an order may stay unanswered before its node is probed (:class:`FlowerTransport`)."""
+PROBE_TTL_S = 60.0
+"""TTL of a probe, in seconds: the time an idle SuperNode has to pull it and its ClientApp to answer. A busy node
+never pulls it; it expires and the next probe follows."""
+MAX_RESENDS = 3
+"""Copies of one order sent again after a probe showed the previous copy lost, before the order counts as failed."""
 
-    def __init__(self, grid: Grid, *, poll_s: float = 0.5) -> None:
+
+@dataclass
+class _Delivery:
+    """One order on its way to one node: the copies sent, the probe outstanding."""
+
+    order: Order
+    content: RecordDict
+    size: int
+    copies: list[str] = field(default_factory=list)
+    """Flower message ids of every copy sent (a reply to any of them answers the order)."""
+    quiet_since: float = 0.0
+    """Monotonic time of the last copy sent or probe expired: the next probe waits PROBE_AFTER_S from here."""
+    probe: str = ""
+    """Message id of the probe outstanding ('' if none)."""
+
+
+class FlowerTransport:
+    """The :class:`~hacrl_fed.coordinator.rounds.Transport` over a Flower Grid.
+
+    **Orders lost in delivery are sent again.** Flower 1.42 delivers a message at most once: the SuperLink marks
+    an order delivered when it answers the SuperNode's pull (``get_message_ins``), before the answer reaches the
+    node; if the connection is cut then, Flower's retried pull finds nothing and the order is never delivered
+    again (it waits for a reply until its TTL). A SuperNode handles one message at a time, oldest first, and pulls
+    the next only after pushing its reply. So when an order has been unanswered for ``probe_after_s``, its node
+    gets a probe (``query.probe``, TTL ``probe_ttl_s``, one outstanding per node): a busy node never pulls it (it
+    expires and another follows), but a probe *answered* while the order is not means the node has moved past the
+    order without answering it. The order is then sent again (same content, TTL = what is left of the phase's
+    timeout; the pool is de-duplicated on the SuperLink), at most ``max_resends`` times before it counts as an
+    error. Cost: at most one extra ClientApp run per node and order that takes longer than ``probe_after_s``
+    (the last probe, answered once the order is done).
+    """
+
+    def __init__(self, grid: Grid, *, poll_s: float = 0.5, probe_after_s: float = PROBE_AFTER_S,
+                 probe_ttl_s: float = PROBE_TTL_S, max_resends: int = MAX_RESENDS,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.grid = grid
         self.poll_s = poll_s
+        self.clock, self.sleep = clock, sleep
+        self.probe_after_s = probe_after_s
+        self.probe_ttl_s = probe_ttl_s
+        self.max_resends = max_resends
 
     def nodes(self) -> list[Node]:
         return [Node(int(n.node_id), str(n.name)) for n in self.grid.get_nodes()
                 if str(getattr(n, "status", "online") or "online") == "online"]
 
     def exchange(self, orders: Sequence[Order], timeout_s: float) -> dict[int, Reply]:
-        """Push one message per order (TTL ``timeout_s``), pull replies until all arrived or time is up."""
-        deadline = time.monotonic() + timeout_s
-        contents = {o.node_id: _content(o) for o in orders}
-        sizes = {nid: records.content_bytes(c) for nid, c in contents.items()}
-        msgs = [Message(contents[o.node_id], dst_node_id=o.node_id, message_type=_MESSAGE_TYPES[o.kind],
-                        ttl=timeout_s, group_id=_group(o)) for o in orders]
-        ids = list(self.grid.push_messages(msgs)) if msgs else []
+        """Push one message per order (TTL ``timeout_s``), pull replies until all arrived or time is up; an order
+        lost in delivery is sent again (class docstring). Never raises for a misbehaving node."""
+        deadline = self.clock() + timeout_s
+        pending = {o.node_id: _Delivery(o, c, records.content_bytes(c)) for o in orders for c in [_content(o)]}
         out: dict[int, Reply] = {}
-        pending: dict[str, int] = {}
-        for i, o in enumerate(orders):
-            msg_id = ids[i] if i < len(ids) else None
-            if msg_id:
-                pending[msg_id] = o.node_id
-            else:
-                out[o.node_id] = Reply(o.node_id, error="the SuperLink did not accept the message (too large?)")
-        while pending and time.monotonic() < deadline:
-            for msg in self.grid.pull_messages(list(pending)):
-                nid = pending.pop(msg.metadata.reply_to_message_id, None)
-                if nid is not None:
-                    out[nid] = _reply(nid, msg, sizes[nid])
+        self._send(list(pending.values()), deadline, pending, out)
+        while pending and self.clock() < deadline:
+            self._collect(pending, out, deadline)
+            self._probe(pending, deadline)
             if pending:
-                time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
-        for nid in pending.values():
-            out[nid] = Reply(nid, timed_out=True, bytes_out=sizes[nid])
+                self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
+        for nid, d in pending.items():
+            out[nid] = Reply(nid, timed_out=True, bytes_out=d.size)
         return out
 
+    def _send(self, deliveries: Sequence[_Delivery], deadline: float, pending: dict[int, _Delivery],
+              out: dict[int, Reply]) -> None:
+        """Push one copy of each delivery's order (TTL: the time left to ``deadline``); a copy the SuperLink
+        refuses ends that delivery with an error reply."""
+        ttl = max(1.0, deadline - self.clock())
+        msgs = [Message(d.content, dst_node_id=d.order.node_id, message_type=_MESSAGE_TYPES[d.order.kind],
+                        ttl=ttl, group_id=_group(d.order)) for d in deliveries]
+        ids = list(self.grid.push_messages(msgs)) if msgs else []
+        for i, d in enumerate(deliveries):
+            nid = d.order.node_id
+            if i < len(ids) and ids[i]:
+                d.copies.append(ids[i])
+                d.quiet_since, d.probe = self.clock(), ""
+            else:
+                pending.pop(nid, None)
+                out[nid] = Reply(nid, error="the SuperLink did not accept the message (too large?)", bytes_out=d.size)
+
+    def _collect(self, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float) -> None:
+        """Pull the replies to every copy and probe outstanding; answered orders move from ``pending`` to ``out``,
+        answered probes of unanswered orders send the order again."""
+        copies = {mid: d for d in pending.values() for mid in d.copies}
+        probes = {d.probe: d for d in pending.values() if d.probe}
+        if not copies and not probes:
+            return
+        replies = list(self.grid.pull_messages([*copies, *probes]))
+        for msg in replies:  # order replies first: a probe answered after its order changes nothing
+            d = copies.get(msg.metadata.reply_to_message_id)
+            if d is not None and pending.pop(d.order.node_id, None) is not None:
+                out[d.order.node_id] = _reply(d.order.node_id, msg, d.size)
+        lost = []
+        for msg in replies:
+            d = probes.get(msg.metadata.reply_to_message_id)
+            if d is None or d.order.node_id not in pending:
+                continue
+            d.probe = ""
+            if msg.has_error() and msg.error.code in _UNDELIVERED:  # expired unpulled (node busy), or node offline
+                d.quiet_since = self.clock()
+            else:
+                lost.append(d)
+        for d in lost:
+            self._lost(d, pending, out, deadline)
+
+    def _lost(self, d: _Delivery, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float) -> None:
+        """The node answered a probe sent after ``d``'s order but not the order: send it again, or give up."""
+        nid, what = d.order.node_id, f"{d.order.kind} order to node {d.order.node_id}"
+        if len(d.copies) > self.max_resends:
+            pending.pop(nid)
+            out[nid] = Reply(nid, bytes_out=d.size, error=f"the {what} was lost in delivery {len(d.copies)} times "
+                             "(the node answered a later probe but never the order)")
+            log.error("%s", out[nid].error)
+            return
+        log.warning("the %s was lost in delivery (the node answered a later probe, not the order; a connection "
+                    "cut while the SuperNode pulled it?): sending it again (copy %d)", what, len(d.copies) + 1)
+        self._send([d], deadline, pending, out)
+
+    def _probe(self, pending: dict[int, _Delivery], deadline: float) -> None:
+        """Send a probe to every node whose order has been quiet for ``probe_after_s`` and has none outstanding."""
+        now = self.clock()
+        due = [d for d in pending.values() if not d.probe and d.copies and now - d.quiet_since >= self.probe_after_s]
+        if not due or deadline - now < 1.0:
+            return
+        ttl = min(self.probe_ttl_s, deadline - now)
+        msgs = [Message(RecordDict(), dst_node_id=d.order.node_id, message_type=records.MSG_PROBE, ttl=ttl,
+                        group_id=f"{_group(d.order)}/probe") for d in due]
+        ids = list(self.grid.push_messages(msgs))
+        for d, mid in zip(due, ids):
+            d.probe, d.quiet_since = mid or "", now
+
+
+_UNDELIVERED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
+"""Flower's synthetic error replies (``flwr/server/superlink/linkstate/utils.py``): the message expired (a probe:
+not pulled within its TTL, or its reply came too late) or the node is offline. Any other reply to a probe, an
+error of the ClientApp included, shows that the node pulled it."""
 
 _MESSAGE_TYPES = {"generate": records.MSG_GENERATE, "train": records.MSG_TRAIN, "evaluate": records.MSG_EVALUATE}
 
