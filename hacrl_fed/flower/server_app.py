@@ -7,14 +7,18 @@ and runs :func:`hacrl_fed.coordinator.rounds.run_coordinator` over :class:`Flowe
 :class:`FlowerTransport` maps the loop's three verbs onto Flower messages
 (:mod:`hacrl_fed.flower.records`): one message per order with an explicit TTL (the phase
 timeout), ``group_id`` = ``step-<t>/<verb>``, replies pulled every ``poll_s`` seconds until all are
-in or the timeout passes (Grid.send_and_receive would poll every 3 s). Error replies (worker failure, or Flower's synthetic NODE_UNAVAILABLE
-reply for a node that went offline) and missing replies become ``Reply.error`` / ``timed_out``;
-nothing raises for a misbehaving node.
+in or the timeout passes (Grid.send_and_receive would poll every 3 s). An order lost in delivery, or
+whose reply was lost on its way back (a connection cut), is found with a probe and sent again
+(:class:`FlowerTransport`).
+Error replies (worker failure, or Flower's synthetic NODE_UNAVAILABLE reply for a node that went offline) and
+missing replies become ``Reply.error`` / ``timed_out``; nothing raises for a misbehaving node.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,8 +41,9 @@ log = logging.getLogger("hacrl_fed.coordinator")
 app = ServerApp()
 
 
-PROBE_AFTER_S = 10.0
-"""Seconds an order may stay unanswered before its node is probed (:class:`FlowerTransport`)."""
+PROBE_AFTER_S = 30.0
+"""Seconds an order may stay unanswered before its node is probed (:class:`FlowerTransport`): an order lost in
+delivery goes again after about this long; an order answered within it costs no probe."""
 PROBE_TTL_S = 60.0
 """TTL of a probe, in seconds: the time an idle SuperNode has to pull it and its ClientApp to answer. A busy node
 never pulls it; it expires and the next probe follows."""
@@ -59,6 +64,62 @@ class _Delivery:
     """Monotonic time of the last copy sent or probe expired: the next probe waits PROBE_AFTER_S from here."""
     probe: str = ""
     """Message id of the probe outstanding ('' if none)."""
+    moved_on: float | None = None
+    """When a probe answer showed the node past the order (None: not seen since the last copy was sent)."""
+
+
+class _Pulls:
+    """``grid.pull_messages([id])`` for each message id on its own daemon thread, so one reply that cannot be
+    inflated does not hold up the others: Flower's ``HttpGrid.pull_messages`` waits in ``pull_objects`` until a
+    reply's objects arrive, and when the SuperNode gave up pushing them (a retried PushObject after a cut
+    answers ``stored=False``) that lasts until the object-push session expires (180 s) and ends in a
+    MESSAGE_UNAVAILABLE error. ``threads=False`` pulls in the caller's thread (tests with a fake clock)."""
+
+    def __init__(self, grid: Grid, clock: Callable[[], float], *, threads: bool = True) -> None:
+        self.grid, self.clock, self.threads = grid, clock, threads
+        self._lock = threading.Lock()
+        self._started: dict[str, float] = {}
+        """Message id → when its pull in flight started."""
+        self._finished: dict[str, float] = {}
+        """Message id → when its last finished pull had started."""
+        self._done: list[Message] = []
+
+    def start(self, ids: Sequence[str]) -> None:
+        """Start a pull for every id of ``ids`` with none in flight."""
+        for mid in ids:
+            with self._lock:
+                if mid in self._started:
+                    continue
+                self._started[mid] = self.clock()
+            if self.threads:
+                threading.Thread(target=self._pull, args=(mid,), daemon=True, name="flower-pull").start()
+            else:
+                self._pull(mid)
+
+    def take(self) -> list[Message]:
+        """The messages pulled since the last call."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def settled(self, ids: Sequence[str], since: float, stall_s: float) -> bool:
+        """True when every id of ``ids`` had a pull that started after ``since`` and finished, or has had one in
+        flight since before ``since`` for ``stall_s`` or longer (a reply Flower holds, :class:`_Pulls`)."""
+        now = self.clock()
+        with self._lock:
+            return all(self._finished.get(mid, -math.inf) > since
+                       or (mid in self._started and self._started[mid] <= since and now - self._started[mid] >= stall_s)
+                       for mid in ids)
+
+    def _pull(self, mid: str) -> None:
+        try:
+            got = list(self.grid.pull_messages([mid]))
+        except Exception as err:  # noqa: BLE001 - a SuperLink hiccup: pulled again on the next round
+            log.warning("pulling the reply to message %s failed: %s", mid[:12], err)
+            got = []
+        with self._lock:
+            self._done += got
+            self._finished[mid] = self._started.pop(mid)
 
 
 class FlowerTransport:
@@ -75,12 +136,21 @@ class FlowerTransport:
     timeout; the pool is de-duplicated on the SuperLink), at most ``max_resends`` times before it counts as an
     error. Cost: at most one extra ClientApp run per node and order that takes longer than ``probe_after_s``
     (the last probe, answered once the order is done).
+
+    **Replies lost on their way back** are found the same way: when a cut makes the SuperNode give up pushing a
+    reply's objects (Flower's PushObject is not idempotent: the retry of a stored object answers
+    ``stored=False`` and the SuperNode drops the reply), the node moves on and answers the probe; the order goes
+    again (a worker refuses to train a step twice, so a repeated train order cannot apply an update twice).
+    Replies are pulled one message per thread (:class:`_Pulls`), so such a half-pushed reply, which Flower
+    holds for 180 s, does not stall the other nodes' replies.
     """
 
     def __init__(self, grid: Grid, *, poll_s: float = 0.5, probe_after_s: float = PROBE_AFTER_S,
                  probe_ttl_s: float = PROBE_TTL_S, max_resends: int = MAX_RESENDS,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 pull_threads: bool = True) -> None:
         self.grid = grid
+        self._pulls = _Pulls(grid, clock, threads=pull_threads)
         self.poll_s = poll_s
         self.clock, self.sleep = clock, sleep
         self.probe_after_s = probe_after_s
@@ -119,24 +189,22 @@ class FlowerTransport:
             nid = d.order.node_id
             if i < len(ids) and ids[i]:
                 d.copies.append(ids[i])
-                d.quiet_since, d.probe = self.clock(), ""
+                d.quiet_since, d.probe, d.moved_on = self.clock(), "", None
             else:
                 pending.pop(nid, None)
                 out[nid] = Reply(nid, error="the SuperLink did not accept the message (too large?)", bytes_out=d.size)
 
     def _collect(self, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float) -> None:
-        """Pull the replies to every copy and probe outstanding; answered orders move from ``pending`` to ``out``,
-        answered probes of unanswered orders send the order again."""
+        """Pull the replies to every copy and probe outstanding; answered orders move from ``pending`` to ``out``;
+        an order whose node answered a later probe, and whose copies then still had no reply, goes again."""
         copies = {mid: d for d in pending.values() for mid in d.copies}
         probes = {d.probe: d for d in pending.values() if d.probe}
-        if not copies and not probes:
-            return
-        replies = list(self.grid.pull_messages([*copies, *probes]))
+        self._pulls.start([*copies, *probes])
+        replies = self._pulls.take()
         for msg in replies:  # order replies first: a probe answered after its order changes nothing
             d = copies.get(msg.metadata.reply_to_message_id)
             if d is not None and pending.pop(d.order.node_id, None) is not None:
                 out[d.order.node_id] = _reply(d.order.node_id, msg, d.size)
-        lost = []
         for msg in replies:
             d = probes.get(msg.metadata.reply_to_message_id)
             if d is None or d.order.node_id not in pending:
@@ -144,22 +212,27 @@ class FlowerTransport:
             d.probe = ""
             if msg.has_error() and msg.error.code in _UNDELIVERED:  # expired unpulled (node busy), or node offline
                 d.quiet_since = self.clock()
-            else:
-                lost.append(d)
+            elif d.moved_on is None:
+                d.moved_on = self.clock()
+        # lost only once the order's copies were pulled again after the probe answer: a reply pushed before the
+        # probe was pulled may still be on its way here (being inflated by a pull in flight)
+        lost = [d for d in pending.values()
+                if d.moved_on is not None and self._pulls.settled(d.copies, d.moved_on, self.probe_after_s)]
         for d in lost:
             self._lost(d, pending, out, deadline)
 
     def _lost(self, d: _Delivery, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float) -> None:
-        """The node answered a probe sent after ``d``'s order but not the order: send it again, or give up."""
+        """The node answered a probe sent after ``d``'s order but not the order: send it again, or give up after
+        ``max_resends`` copies (error reply naming the cause)."""
         nid, what = d.order.node_id, f"{d.order.kind} order to node {d.order.node_id}"
         if len(d.copies) > self.max_resends:
             pending.pop(nid)
-            out[nid] = Reply(nid, bytes_out=d.size, error=f"the {what} was lost in delivery {len(d.copies)} times "
-                             "(the node answered a later probe but never the order)")
+            out[nid] = Reply(nid, bytes_out=d.size, error=f"the {what} got no reply {len(d.copies)} times although "
+                             "the node answered later probes (order or reply lost on a cut connection)")
             log.error("%s", out[nid].error)
             return
-        log.warning("the %s was lost in delivery (the node answered a later probe, not the order; a connection "
-                    "cut while the SuperNode pulled it?): sending it again (copy %d)", what, len(d.copies) + 1)
+        log.warning("the %s got no reply but the node answered a later probe (the order or its reply was lost on a "
+                    "cut connection): sending it again (copy %d)", what, len(d.copies) + 1)
         self._send([d], deadline, pending, out)
 
     def _probe(self, pending: dict[int, _Delivery], deadline: float) -> None:

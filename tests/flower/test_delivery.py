@@ -58,6 +58,9 @@ class FakeLink:
     work_s: float = 5.0
     probe_s: float = 2.0
     lose: dict[int, int] = field(default_factory=dict)
+    half_pushed: dict[int, int] = field(default_factory=dict)
+    """How many replies of that node are lost on their way back: the SuperNode gave up pushing their objects, so
+    Flower answers a pull with MESSAGE_UNAVAILABLE once the object-push session expired (180 s)."""
     sent: list[tuple[int, str]] = field(default_factory=list)
     """(node, message type) of every message pushed."""
     handled: list[tuple[int, str]] = field(default_factory=list)
@@ -99,7 +102,11 @@ class FakeLink:
                 self.handled.append((node, kind))
                 done = start + (self.probe_s if kind == records.MSG_PROBE else self.work_s)
                 self.busy_until[node] = done
-                if not self._expired(q, done):  # a reply after the TTL is refused by the SuperLink
+                if kind != records.MSG_PROBE and self.half_pushed.get(node, 0) > 0:
+                    self.half_pushed[node] -= 1
+                    self.replies[q.mid] = (done + 180.0, Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=(
+                        "Reply message objects are unavailable.")), reply_to=q.msg))
+                elif not self._expired(q, done):  # a reply after the TTL is refused by the SuperLink
                     self.replies[q.mid] = (done, self._answer(q.msg, node))
 
     @staticmethod
@@ -132,7 +139,7 @@ class FakeLink:
 
 def transport(link: FakeLink, **kw) -> FlowerTransport:
     return FlowerTransport(link, poll_s=0.5, probe_after_s=10.0, probe_ttl_s=60.0, clock=link.clock,
-                           sleep=link.clock.sleep, **kw)
+                           sleep=link.clock.sleep, pull_threads=False, **kw)
 
 
 def generate(node: int, plan) -> Order:
@@ -150,7 +157,18 @@ def test_an_order_lost_in_delivery_is_sent_again_and_answered(plan, caplog):
     assert link.orders_sent(1) == 2 and link.orders_sent(2) == 1          # only the lost one went again
     assert link.handled.count((1, records.MSG_GENERATE)) == 1             # and the site did the work once
     assert link.clock() - start < 30.0                                    # a retry (probe after 10 s), not 300 s
-    assert "generate order to node 1 was lost in delivery" in caplog.text and "copy 2" in caplog.text
+    assert "generate order to node 1 got no reply but the node answered a later probe" in caplog.text
+    assert "sending it again (copy 2)" in caplog.text
+
+
+def test_a_reply_lost_on_its_way_back_costs_a_retry_not_the_180_s_flower_holds_it(plan):
+    link = FakeLink(Clock(), half_pushed={1: 1})
+    start = link.clock()
+    replies = transport(link).exchange([generate(1, plan), generate(2, plan)], timeout_s=600.0)
+    assert not replies[1].timed_out and not replies[1].error and replies[1].site.envelope == b"envelope"
+    assert link.orders_sent(1) == 2 and link.orders_sent(2) == 1
+    assert link.handled.count((1, records.MSG_GENERATE)) == 2            # the site generated again
+    assert link.clock() - start < 60.0
 
 
 def test_a_lost_train_order_goes_again_with_the_same_content(plan):
@@ -180,8 +198,8 @@ def test_an_order_lost_every_time_fails_early_naming_the_cause(plan):
     start = link.clock()
     replies = transport(link, max_resends=3).exchange([generate(1, plan)], timeout_s=3000.0)
     assert not replies[1].timed_out
-    assert replies[1].error == ("the generate order to node 1 was lost in delivery 4 times (the node answered a "
-                                "later probe but never the order)")
+    assert replies[1].error == ("the generate order to node 1 got no reply 4 times although the node answered later "
+                                "probes (order or reply lost on a cut connection)")
     assert link.orders_sent(1) == 4 and link.clock() - start < 300.0
 
 

@@ -50,6 +50,8 @@ class _Framer:
         self.broken = False
 
     def feed(self, data: bytes) -> list[tuple[bytes | None, bytes, bytes]]:
+        if not self.broken and not self.buf and not data[:1].isalpha():
+            self.broken = True  # not HTTP/1.1 text (TLS): pass it through unparsed
         if self.broken:
             return [(None, b"", data)]
         self.buf += data
