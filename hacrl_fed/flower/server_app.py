@@ -111,6 +111,12 @@ class _Pulls:
                        or (mid in self._started and self._started[mid] <= since and now - self._started[mid] >= stall_s)
                        for mid in ids)
 
+    def forget(self) -> None:
+        """Drop what finished pulls left (an exchange is over; pulls still in flight stay known)."""
+        with self._lock:
+            self._finished.clear()
+            self._done.clear()
+
     def _pull(self, mid: str) -> None:
         try:
             got = list(self.grid.pull_messages([mid]))
@@ -175,6 +181,7 @@ class FlowerTransport:
                 self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
         for nid, d in pending.items():
             out[nid] = Reply(nid, timed_out=True, bytes_out=d.size)
+        self._pulls.forget()
         return out
 
     def _send(self, deliveries: Sequence[_Delivery], deadline: float, pending: dict[int, _Delivery],
