@@ -83,6 +83,7 @@ class _Pulls:
         self._finished: dict[str, float] = {}
         """Message id → when its last finished pull had started."""
         self._done: list[Message] = []
+        self._error: Exception | None = None
 
     def start(self, ids: Sequence[str]) -> None:
         """Start a pull for every id of ``ids`` with none in flight."""
@@ -97,9 +98,13 @@ class _Pulls:
                 self._pull(mid)
 
     def take(self) -> list[Message]:
-        """The messages pulled since the last call."""
+        """The messages pulled since the last call. Raises what a pull raised (the SuperLink failed or stopped the
+        run), as ``grid.pull_messages`` would in the caller's thread."""
         with self._lock:
             done, self._done = self._done, []
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
         return done
 
     def settled(self, ids: Sequence[str], since: float, stall_s: float) -> bool:
@@ -118,11 +123,12 @@ class _Pulls:
             self._done.clear()
 
     def _pull(self, mid: str) -> None:
+        got: list[Message] = []
         try:
             got = list(self.grid.pull_messages([mid]))
-        except Exception as err:  # noqa: BLE001 - a SuperLink hiccup: pulled again on the next round
-            log.warning("pulling the reply to message %s failed: %s", mid[:12], err)
-            got = []
+        except Exception as err:  # noqa: BLE001 - handed to the caller by take()
+            with self._lock:
+                self._error = err
         with self._lock:
             self._done += got
             self._finished[mid] = self._started.pop(mid)

@@ -9,6 +9,7 @@ Flower processes and a relay that cuts the connection.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -207,3 +208,21 @@ def test_a_node_that_never_answers_times_out_without_copies(plan):
     link = FakeLink(Clock(), work_s=10_000.0)
     replies = transport(link).exchange([generate(1, plan)], timeout_s=120.0)
     assert replies[1].timed_out and link.orders_sent(1) == 1
+
+
+def test_a_superlink_failure_while_pulling_still_raises(plan):
+    """As before the pulls moved to threads: the ServerApp fails on a SuperLink error instead of waiting it out."""
+
+    class Broken(FakeLink):
+        def pull_messages(self, ids):
+            raise RuntimeError("the run was stopped")
+
+    link = Broken(Clock())
+
+    def sleep(s: float) -> None:  # the pull thread gets real time to run; the transport's clock stays fake
+        time.sleep(0.01)
+        link.clock.sleep(s)
+
+    t = FlowerTransport(link, clock=link.clock, sleep=sleep)  # threaded pulls, as in production
+    with pytest.raises(RuntimeError, match="the run was stopped"):
+        t.exchange([generate(1, plan)], timeout_s=10_000.0)
