@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from flwr.app import Context, Error, Message
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from google.protobuf.message import DecodeError
 
@@ -130,3 +130,11 @@ def evaluate(msg: Message, context: Context) -> Message:
         courier.evaluate(link, request, reply, lambda: _time_left(msg))
 
     return _serve(msg, context, call)
+
+
+@app.query("probe")
+def probe(msg: Message, context: Context) -> Message:
+    """Empty reply at once, no worker call: it tells the coordinator that this node has moved past its last order
+    (a node handles one message at a time), so that order was lost on its way here and is sent again
+    (:class:`hacrl_fed.flower.server_app.FlowerTransport`)."""
+    return Message(RecordDict(), reply_to=msg)

@@ -1,6 +1,6 @@
 """The coordinator ↔ site message contents on Flower records (ARCHITECTURE.md §3).
 
-Three verbs, each one Flower message and its reply:
+Three verbs, each one Flower message and its reply (and a probe, the transport's own):
 
 ==================== ============================================ =====================================
 message type         order (coordinator → site)                   reply (site → coordinator)
@@ -11,6 +11,7 @@ message type         order (coordinator → site)                   reply (site 
                      ``capability-table``, ``checkpoint``,        (or ``site.generate-error``) and
                      optional ``next-round-plan``                 ``generate-metrics``
 ``evaluate.heldout`` ``eval``: ``request``                        ``eval``: ``response``
+``query.probe``      (empty: is the node past its order?)         (empty)
 ==================== ============================================ =====================================
 
 A train order may carry the next step's plan (ARCHITECTURE §2: "the train message for step t may
@@ -43,6 +44,7 @@ __all__ = [
     "ERROR_WORKER_UNAVAILABLE",
     "MSG_EVALUATE",
     "MSG_GENERATE",
+    "MSG_PROBE",
     "MSG_TRAIN",
     "ProtocolError",
     "TrainOrder",
@@ -62,6 +64,9 @@ __all__ = [
 MSG_GENERATE = "query.generate"
 MSG_TRAIN = "train.update"
 MSG_EVALUATE = "evaluate.heldout"
+MSG_PROBE = "query.probe"
+"""Empty message the coordinator sends to a node whose order stays unanswered; the ClientApp answers it at once
+with an empty reply (:class:`hacrl_fed.flower.server_app.FlowerTransport` says why)."""
 ENVELOPE_STYPE = "hacrl.SignedEnvelope.v1"
 
 ERROR_WORKER_UNAVAILABLE = 1001
