@@ -150,7 +150,8 @@ def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: 
             raise ValueError(f"{where}: empty prompt or response")
         if row.is_own and not row.has_behaviour_logprob:
             raise ValueError(f"{where}: an own row always has its behaviour log-prob")
-        if row.has_behaviour_logprob and (row.behaviour_token_count < 1 or not math.isfinite(row.behaviour_logprob_sum)):
+        if row.has_behaviour_logprob and (row.behaviour_token_count < 1
+                                          or not math.isfinite(row.behaviour_logprob_sum)):
             raise ValueError(f"{where}: behaviour log-prob needs a finite sum over >= 1 token")
         if not math.isfinite(adv):
             raise ValueError(f"{where}: advantage {adv} is not finite")

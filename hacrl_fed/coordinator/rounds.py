@@ -353,7 +353,8 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
            accepted: Sequence[Any], agents: Mapping[str, AgentStep], verdicts: Mapping[str, Any],
            nodes: Sequence[Node], next_b: bytes, notices: dict[int, str]) -> tuple[dict[int, Reply], float]:
     """Broadcast the pool and the CapabilityTable to every agent that delivered (with the next plan),
-    except rollout-only agents (roster ``role``), and the next plan alone to every other online node. Returns the next step's generate replies
+    except rollout-only agents (roster ``role``), and the next plan alone to every other online
+    node. Returns the next step's generate replies
     and the slowest site's worker time."""
     run = setup.run
     accuracy = {a: v.accuracy for a, v in verdicts.items()}

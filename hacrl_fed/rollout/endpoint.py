@@ -130,14 +130,17 @@ def parse_choices(body: bytes, *, max_chars: int, max_tokens: int) -> tuple[list
     """Validate a chat-completions reply body → (choices as dicts with ``text``, ``finish_reason``,
     ``logprobs`` (list or None)), ``usage.completion_tokens`` or None).
 
-    Raises ``ValueError`` naming the problem: not JSON, not an object, no ``choices`` list, a choice without
-    string content, a content longer than ``max_chars`` characters, an unknown finish reason, more log-prob
+    Raises ``ValueError`` naming the problem: not JSON (or nested too deeply), not an object, no ``choices``
+    list, a choice without string content or with a lone surrogate (not UTF-8 encodable), a content
+    longer than ``max_chars`` characters, an unknown finish reason, more log-prob
     entries than ``max_tokens``.
     """
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"the reply is not JSON ({err.__class__.__name__}: {str(err)[:80]})") from None
+    except RecursionError:
+        raise ValueError("the reply is not JSON (nested too deeply)") from None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise ValueError("the reply has no 'choices' list")
     out = []
@@ -146,6 +149,10 @@ def parse_choices(body: bytes, *, max_chars: int, max_tokens: int) -> tuple[list
         text = msg.get("content") if isinstance(msg, dict) else None
         if not isinstance(text, str):
             raise ValueError("a choice has no string message.content")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a choice's content is not valid Unicode (a lone surrogate)") from None
         if len(text) > max_chars:
             raise ValueError(f"a choice has {len(text)} characters, more than {max_tokens} tokens can make")
         finish = c.get("finish_reason")
@@ -220,7 +227,8 @@ class EndpointRolloutSource:
             def submit(i: int, k: int) -> None:
                 outstanding[i] += 1
                 req_seed = (seed * 1_000_003 + i) * 1009 + len(got[i]) + outstanding[i]
-                pending[pool.submit(self._request, messages[i], k, params, extra, req_seed, end, cap, max_tokens)] = (i, k)
+                fut = pool.submit(self._request, messages[i], k, params, extra, req_seed, end, cap, max_tokens)
+                pending[fut] = (i, k)
 
             for i in range(len(messages)):
                 if self._use_n and n > 1:

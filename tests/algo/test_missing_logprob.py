@@ -88,7 +88,8 @@ def test_compute_loss_mixes_the_rule_with_the_paper_path_row_by_row():
                        old_logprob_sum=torch.tensor([float(t.detach()[0, 1:].sum()) + 0.2, math.nan],
                                                     dtype=torch.float64),
                        old_token_count=torch.tensor([4.0, 0.0], dtype=torch.float64),
-                       is_own=torch.tensor([False, False]), capability_ratio=torch.tensor([2.0, 2.0], dtype=torch.float64),
+                       is_own=torch.tensor([False, False]),
+                       capability_ratio=torch.tensor([2.0, 2.0], dtype=torch.float64),
                        has_behaviour_logprob=torch.tensor([True, False]), num_sequences=2)
     cfg = AlgoConfig(kl_coef=0.0)
     out = compute_loss(mixed, cfg)

@@ -47,6 +47,18 @@ def test_the_api_key_variable_must_be_set(site, tmp_path, monkeypatch):
     (tmp_path / "roster.toml").write_text(head + '[agents."alice"]' + block.rstrip("\n")
                                           + '\nrole = "rollout_only"\n' + (sep + tail if sep else ""))
     (tmp_path / "c.toml").write_text('[agent]\nname = "alice"\n[agent.model]\nname_or_path = "m"\n'
-                                     '[agent.endpoint]\nurl = "http://127.0.0.1:9/v1"\napi_key_env = "NO_SUCH_KEY_VAR"\n')
+                                     '[agent.endpoint]\nurl = "http://127.0.0.1:9/v1"\n'
+                                     'api_key_env = "NO_SUCH_KEY_VAR"\n')
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     assert "NO_SUCH_KEY_VAR" in _error("--config", "c.toml")
+
+
+def test_simulate_refuses_an_endpoint_agent():
+    from hacrl_fed.config import ConfigError, SimulateConfig
+    from hacrl_fed.launch.simulate_setup import _check_agents
+
+    cfg = SimulateConfig.model_validate({"agents": [
+        {"name": "a", "model": {"name_or_path": "tiny-llama-bpe"}},
+        {"name": "b", "model": {"name_or_path": "m"}, "endpoint": {"url": "http://127.0.0.1:9/v1"}}]})
+    with pytest.raises(ConfigError, match=r"agents\[1\].endpoint: .*hacrl-fed client --endpoint"):
+        _check_agents(cfg)

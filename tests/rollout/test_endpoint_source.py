@@ -58,7 +58,9 @@ def test_behaviour_log_prob_of_documented_entries():
 
 
 @pytest.mark.parametrize("body, why", [
-    (b"\xff\xfe", "not JSON"), (b"[]", "no 'choices'"), (b'{"choices": []}', "no 'choices'"),
+    (b"\xff\xfe", "not JSON"), (b"[" * 100_000, "nested too deeply|not JSON"), (b"[]", "no 'choices'"),
+    (b'{"choices": [{"message": {"content": "\\ud800"}, "finish_reason": "stop"}]}', "lone surrogate"),
+    (b'{"choices": []}', "no 'choices'"),
     (b'{"choices": [{"message": {"content": 3}, "finish_reason": "stop"}]}', "string message.content"),
     (b'{"choices": [{"message": {"content": "a"}, "finish_reason": "tool_calls"}]}', "finish_reason"),
     (b'{"choices": [{"message": {"content": "' + b"a" * 200 + b'"}, "finish_reason": "stop"}]}', "characters"),
