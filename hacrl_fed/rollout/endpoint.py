@@ -14,8 +14,9 @@ stop strings. It works with servers that support none of ``n``, ``logprobs`` and
   refuses the parameter (HTTP 400) is not asked again.
 * ``seed``: sent (best effort; derived per request from the plan's seed).
 
-Bounds: at most ``max_concurrency`` requests in flight; each request at most ``timeout_s`` and never past the
-step's budget (``step_budget_s``, or the plan's deadline if sooner); retries with exponential back-off on
+Bounds: at most ``max_concurrency`` requests in flight; each request at most ``timeout_s``; the step's budget
+(``step_budget_s``, or the plan's deadline if sooner) is a hard bound on the whole call (requests still running
+then are abandoned and end at their own timeout); retries with exponential back-off on
 429, 5xx, timeouts and connection errors (the ``openai`` client's, ``max_retries``); a reply body of at most
 ``max_reply_bytes``, parsed as JSON and validated field by field (:func:`parse_choices`). Any failure raises
 :class:`EndpointError` with the cause: the step is lost for this site only (a batch needs every sample).
@@ -221,7 +222,8 @@ class EndpointRolloutSource:
         got: list[list[EndpointSample]] = [[] for _ in messages]
         outstanding = [0] * len(messages)
         errors: list[str] = []
-        with cf.ThreadPoolExecutor(max_workers=max(1, s.max_concurrency), thread_name_prefix="endpoint") as pool:
+        pool = cf.ThreadPoolExecutor(max_workers=max(1, s.max_concurrency), thread_name_prefix="endpoint")
+        try:
             pending: dict[cf.Future, tuple[int, int]] = {}
 
             def submit(i: int, k: int) -> None:
@@ -237,7 +239,12 @@ class EndpointRolloutSource:
                     for _ in range(n):
                         submit(i, 1)
             while pending and not errors:
-                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                # the step's budget is a hard bound: a reply trickling in (or the client's retries) cannot pass it
+                done, _ = cf.wait(pending, timeout=max(0.0, end - time.time()), return_when=cf.FIRST_COMPLETED)
+                if not done:
+                    errors.append(f"the step's endpoint budget ({s.step_budget_s:.0f} s or the plan's deadline) ran "
+                                  f"out with {len(pending)} request(s) unanswered")
+                    break
                 for fut in done:
                     i, asked = pending.pop(fut)
                     outstanding[i] -= 1
@@ -257,8 +264,8 @@ class EndpointRolloutSource:
                     if outstanding[i] == 0 and not errors:
                         for _ in range(n - len(got[i])):
                             submit(i, 1)
-            for fut in pending:
-                fut.cancel()
+        finally:   # requests still running end at their own timeout; nobody waits for them
+            pool.shutdown(wait=False, cancel_futures=True)
         if errors:
             raise EndpointError(errors[0] + (f" (+{len(errors) - 1} more failed requests)" if len(errors) > 1 else ""))
         return [x for row in got for x in row]
