@@ -171,9 +171,12 @@ def worker_cmd(
 
     _worker_logging()
     try:
+        factory = None
+        if cfg.agent.endpoint is not None:        # a rollout-only site: rollouts from an API endpoint, no weights
+            from hacrl_fed.contributor import EndpointWorker as factory
         run_worker(cfg, address=address, address_file=str(address_file) if address_file else None,
                    resume=not no_resume, status_file=str(status_file) if status_file else None,
-                   token_file=str(token_file) if token_file else None)
+                   token_file=str(token_file) if token_file else None, factory=factory)
     except (ModelNotFoundError, KeyFileError, RosterError, LockedError, ValueError) as err:
         fail(_one_line(err))
     except (ModelLoadError, CheckpointError, RuntimeError, OSError) as err:
@@ -332,6 +335,12 @@ def client_cmd(
                                       "with checkpoints of another run."),
     engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP + " Overrides agent.model.engine; with "
                                       "--worker-address the attached worker must run this engine."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Rollout-only site: base URL of an "
+                                        "OpenAI-compatible API (http://HOST:PORT/v1) whose model generates this "
+                                        "site's rollouts; never trained (agent.endpoint.url; docs/cross-vendor.md)."),
+    api_model: str | None = typer.Option(None, "--api-model", help="The endpoint's model name (with --endpoint; "
+                                         "agent.model.name_or_path). The API key, if any, comes from the "
+                                         "environment variable agent.endpoint.api_key_env names."),
 ) -> None:
     """Site: the agent worker (owns the model) plus a flower-supernode that couriers messages to it."""
     from pydantic import ValidationError
@@ -347,10 +356,17 @@ def client_cmd(
             data = load_config(config, ClientConfig).model_dump(exclude_unset=True)
         elif model and name:
             data = {"agent": {"name": name, "model": {"name_or_path": model}}}
+        elif endpoint and api_model and name:
+            data = {"agent": {"name": name, "model": {"name_or_path": api_model}}}
         else:
-            raise ConfigError("give --config client.toml, or at least --model and --name")
+            raise ConfigError("give --config client.toml, or at least --model and --name (or --endpoint, "
+                              "--api-model and --name)")
+        if model and (endpoint or api_model):
+            raise ConfigError("--model is a model this site runs; --endpoint/--api-model a model behind an API: "
+                              "give one of them")
         agent = data.setdefault("agent", {})
-        overrides = {"name": name, "model.name_or_path": model, "model.device": device, "model.engine": engine}
+        overrides = {"name": name, "model.name_or_path": model or api_model, "model.device": device,
+                     "model.engine": engine, "endpoint.url": endpoint}
         for key, value in overrides.items():
             if value is not None:
                 section, _, field = key.rpartition(".")

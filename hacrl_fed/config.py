@@ -261,6 +261,33 @@ class RewardFuncConfig(Strict):
     """Its weight w_f in R = Σ_f w_f · r_f."""
 
 
+class EndpointConfig(Strict):
+    """A rollout-only site's OpenAI-compatible endpoint (``[agent.endpoint]``; docs/cross-vendor.md,
+    :mod:`hacrl_fed.rollout.endpoint`). The site's ``agent.model`` then names the endpoint's model
+    (``name_or_path``) and gives the system prompt and stop strings; no weights are loaded or trained."""
+
+    url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)]
+    """Base URL of the API, e.g. ``http://127.0.0.1:8000/v1``."""
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")] | None = None
+    """Name of the environment variable that holds the API key (never the key itself: it is read at start-up,
+    sent only to the endpoint, never logged). Unset: no key (a local server)."""
+    max_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    """Requests in flight at once."""
+    timeout_s: PositiveFloat = 120.0
+    """Seconds one request may take."""
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 3
+    """Retries of one request on 429, 5xx, timeouts and connection errors (exponential back-off)."""
+    step_budget_s: PositiveFloat = 1800.0
+    """Seconds all requests of one step may take together (the plan's deadline also bounds them)."""
+    logprobs: bool = True
+    """Ask for the sampled tokens' log-probs (used as the behaviour log-prob when returned; for vLLM start the
+    server with ``--logprobs-mode processed_logprobs``)."""
+    n: Literal["auto", "never"] = "auto"
+    """``auto``: ask for G choices per request while the server honours ``n``; ``never``: single requests."""
+    max_reply_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    """Largest reply body read."""
+
+
 class AgentConfig(Strict):
     """One site's agent: identity, model, algorithm, optimizer."""
 
@@ -287,6 +314,14 @@ class AgentConfig(Strict):
     """Where the worker keeps checkpoints; defaults to ``<output_dir>/<name>/checkpoints``."""
     worker_address: str = "127.0.0.1:0"
     """Worker gRPC bind address: loopback ``host:port`` (0 = pick a free port) or ``unix:/path``."""
+    endpoint: EndpointConfig | None = None
+    """Set: a rollout-only site whose rollouts come from this OpenAI-compatible endpoint (``hacrl-fed client
+    --endpoint URL --api-model NAME``); its roster entry must say ``role = "rollout_only"``."""
+
+    @property
+    def rollout_only(self) -> bool:
+        """The site contributes rollouts from an endpoint and never trains."""
+        return self.endpoint is not None
 
     @model_validator(mode="after")
     def _unique_rewards(self) -> AgentConfig:

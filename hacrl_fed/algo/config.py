@@ -102,6 +102,19 @@ class AlgoConfig(BaseModel):
     """Cross rows with s > 1. ``clamp`` (paper, Eq. 13): c = 1, no gradient. ``on_policy`` (extension):
     the learner already gives the text more probability than its author, so the row is treated as
     on-policy, J = r_{j→k} · A with weight 1 and gradient r·A·∇ mean log π_k."""
+    missing_behaviour_logprob: Literal["success_only", "luffy_shaping"] = "success_only"
+    """Foreign rows whose source sent no behaviour log-prob (an API endpoint without log-probs,
+    docs/cross-vendor.md): their cross ratio s is undefined, so the paper's Eqs. 10–14 cannot apply. Both rules
+    are named extensions (:func:`hacrl_fed.algo.losses.missing_logprob_objective`); rows with a log-prob are
+    untouched. ``success_only``: a verified success (A > 0) is kept at the window's edge weight,
+    J = l_m · sg(l_m)^α · r_{j→k} · A (gradient l_m^(1+α)·r·A·∇ mean log π_k), a non-success (A ≤ 0) is dropped
+    — this project's ``success_gated`` rule with the behaviour probability unknown, in the spirit of the
+    success-only supervised terms of learning from samples without a behaviour probability.
+    ``luffy_shaping`` (LUFFY, arXiv 2504.14945, §3: behaviour probability taken as 1, policy shaping
+    f(π) = π/(π + γ)): J = r_{j→k} · A · (1/L_k) Σ_t f(π_k(y_t)), every row whatever the sign of A."""
+    luffy_gamma: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.1
+    """γ of LUFFY's policy shaping f(π) = π/(π + γ) (``missing_behaviour_logprob = "luffy_shaping"``; LUFFY's
+    default 0.1)."""
     cross_clip_delta: Annotated[float, Field(ge=0, le=1)] = 0.2
     """δ: lower bound 1 − δ at m = 0."""
     cross_clip_step: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.025

@@ -25,6 +25,9 @@ Row objective J_i (maximized; the loss is −J):
   weight (``cross_below_window``), rows above 1 kept at weight 1 (``cross_above_window``).
 * cross row, naive sharing (``cross_objective="self"``): the GSPO self objective with the
   source's behaviour log-prob as the old log-prob (no ω, no stepwise window).
+* cross row whose source sent no behaviour log-prob (extension, ``missing_behaviour_logprob``,
+  :func:`missing_logprob_objective`): ``success_only`` J = l_m · sg(l_m)^α · r_{j→k} · A for A > 0, else 0;
+  or ``luffy_shaping`` J = r_{j→k} · A · mean_t π_k/(π_k + γ) (LUFFY arXiv 2504.14945).
 
 Mini-batch loss (spec §6): mean over all sequences of the mini-batch of −J_i, plus
 β · mean k3-KL over the **own** rows' response tokens. Named alternatives of the aggregation
@@ -36,6 +39,7 @@ Rows outside ``LossInputs.loss_mask`` (``AlgoConfig.mask_truncated_completions``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,6 +82,9 @@ class LossInputs:
             truncated completion under ``mask_truncated_completions``); None = every row.
         num_tokens: Σ L_i over the masked-in rows of the whole mini-batch (``token_mean``); None = here.
         max_response_tokens: L_max of the ``constant`` aggregation (the learner's response cap).
+        has_behaviour_logprob: bool [B], the row's source sent its behaviour log-prob (the wire's presence
+            flag; own rows always True). Foreign rows with False take :func:`missing_logprob_objective`, and
+            their ``old_logprob_sum`` / ``old_token_count`` are ignored. None = every row has one.
     """
 
     token_logprobs: Tensor
@@ -97,6 +104,7 @@ class LossInputs:
     loss_mask: Tensor | None = None
     num_tokens: int | None = None
     max_response_tokens: int | None = None
+    has_behaviour_logprob: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -339,6 +347,57 @@ def hacpo_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     return RowTerms(obj, sd, low, high, has_grad)
 
 
+def missing_logprob_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
+    """Objective of foreign rows whose source sent no behaviour log-prob (``cfg.missing_behaviour_logprob``).
+
+    Without π_j,old(y) the cross ratio s of Eq. 11 is undefined, so HACPO's clamp cannot place the row;
+    these rules are named extensions (not the paper), applied to such rows only:
+
+    * ``success_only`` (default; the project's ``success_gated`` rule of ``cross_below_window`` with s unknown,
+      i.e. a verified success is trusted only as far as the window's most off-policy edge; success-only
+      supervised terms of learning from samples without a behaviour probability, cf. LUFFY arXiv 2504.14945):
+      J = l_m · sg(l_m)^α · r_{j→k} · A · u for A > 0, J = 0 (no gradient) for A ≤ 0, with
+      u = exp(m − sg(m)), m = (1/L_k) Σ_t log π_k(y_t) (value 1, gradient ∇m); l_m = ``cross_lower_bound(m)``
+      (1 when ``cross_clip`` is off). Gradient l_m^(1+α)·r·A·∇ mean log π_k.
+    * ``luffy_shaping`` (LUFFY arXiv 2504.14945 Eq. 6–7: off-policy behaviour probability taken as 1,
+      regularized importance sampling f(π) = π/(π + γ)): J = r_{j→k} · A · (1/L_k) Σ_t π_k(y_t)/(π_k(y_t) + γ),
+      every row, no clip; per-token gradient γ·π/(π + γ)² ·∇ log π — large for tokens the learner finds
+      unlikely, vanishing for the ones it already predicts.
+
+    r_{j→k} is the capability ratio (Eq. 10) when ``capability_gradient`` and the HACPO cross objective are on,
+    else 1. Rows [B] → RowTerms; ``ratio`` reports the weight used (l_m, or the mean shaped probability);
+    ``clip_low`` marks a dropped non-success.
+    """
+    lp = inputs.token_logprobs
+    resp = inputs.response_mask.bool()
+    zeros = torch.zeros_like(lp)
+    l_k = resp.sum(-1).clamp(min=1).to(lp.dtype)
+    adv = inputs.advantages.to(lp.dtype)
+    use_omega = cfg.capability_gradient and cfg.cross_objective == "hacpo"
+    omega = inputs.capability_ratio.to(lp.dtype) if use_omega else torch.ones_like(adv)
+    if cfg.missing_behaviour_logprob == "success_only":
+        edge = cfg.cross_lower_bound(inputs.update_index) if cfg.cross_clip else 1.0
+        mean_logp = torch.where(resp, lp, zeros).sum(-1) / l_k
+        unit = torch.exp(mean_logp - mean_logp.detach())       # value 1, gradient ∇ mean log π_k
+        success = adv > 0
+        # J = l_m · sg(l_m)^α · r · A · u   for A > 0;   0 otherwise
+        weight = edge * edge ** cfg.alpha
+        obj = torch.where(success, weight * unit * omega * adv, torch.zeros_like(adv))
+        ratio = torch.full_like(adv, edge).detach()
+        dropped = (~success).to(lp.dtype)
+        has_grad = (success & (omega != 0)).to(lp.dtype)
+        return RowTerms(obj, ratio, dropped, torch.zeros_like(adv), has_grad)
+    if cfg.missing_behaviour_logprob == "luffy_shaping":
+        p = torch.exp(torch.where(resp, lp, zeros))
+        # f(π) = π / (π + γ), token mean over the response
+        shaped = torch.where(resp, p / (p + cfg.luffy_gamma), zeros).sum(-1) / l_k
+        obj = shaped * omega * adv
+        has_grad = ((adv != 0) & (omega != 0)).to(lp.dtype)
+        return RowTerms(obj, shaped.detach(), torch.zeros_like(adv), torch.zeros_like(adv), has_grad)
+    raise ValueError(f"unknown missing_behaviour_logprob rule {cfg.missing_behaviour_logprob!r}; "
+                     "valid: success_only, luffy_shaping")
+
+
 @CROSS_OBJECTIVES.register("self")
 def naive_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     """Naive sharing: a foreign row gets the GSPO self objective with the source's behaviour
@@ -425,15 +484,20 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
     being ``cfg.loss_aggregation`` (:func:`aggregate`).
 
     Own rows use ``SELF_OBJECTIVES[cfg.ratio_level]``, cross rows
-    ``CROSS_OBJECTIVES[cfg.cross_objective]``. Raises ``ValueError`` on inconsistent shapes.
+    ``CROSS_OBJECTIVES[cfg.cross_objective]``, cross rows without a behaviour log-prob
+    :func:`missing_logprob_objective`. Raises ``ValueError`` on inconsistent shapes.
     """
     _check_inputs(inputs)
     own = inputs.is_own.bool()
     parts = {}
     if bool(own.any()):
         parts["self"] = SELF_OBJECTIVES.get(cfg.ratio_level)(inputs, cfg)
-    if bool((~own).any()):
-        parts["cross"] = CROSS_OBJECTIVES.get(cfg.cross_objective)(inputs, cfg)
+    missing = _missing_logprob(inputs)
+    if bool((~own & ~missing).any()):
+        parts["cross"] = CROSS_OBJECTIVES.get(cfg.cross_objective)(_with_placeholder_logprob(inputs, missing), cfg)
+    if bool(missing.any()):
+        no_lp = missing_logprob_objective(inputs, cfg)
+        parts["cross"] = no_lp if "cross" not in parts else _merge_terms(~missing, parts["cross"], no_lp)
     rows = _merge_terms(own, parts.get("self"), parts.get("cross"))
     # loss_i = −J_i ;  L_pg = (1/|mini-batch|) Σ_i loss_i   (or the configured aggregation)
     row_loss = -rows.objective
@@ -454,6 +518,25 @@ def hacpo_loss(inputs: LossInputs, cfg: AlgoConfig) -> tuple[Tensor, dict[str, f
     """``(loss, metrics)`` of :func:`compute_loss` (scalar tensor with grad, ``hacpo/*`` floats)."""
     out = compute_loss(inputs, cfg)
     return out.loss, out.metrics
+
+
+def _missing_logprob(inputs: LossInputs) -> Tensor:
+    """bool [B]: foreign rows without a behaviour log-prob (own rows always have one)."""
+    own = inputs.is_own.bool()
+    if inputs.has_behaviour_logprob is None:
+        return torch.zeros_like(own)
+    return ~inputs.has_behaviour_logprob.bool() & ~own
+
+
+def _with_placeholder_logprob(inputs: LossInputs, missing: Tensor) -> LossInputs:
+    """``inputs`` with a finite placeholder old log-prob on the rows without one, so the cross objective's
+    vectorized value stays finite there (those rows' terms are then replaced by :func:`missing_logprob_objective`)."""
+    if not bool(missing.any()):
+        return inputs
+    return dataclasses.replace(inputs, old_logprob_sum=torch.where(missing, torch.zeros_like(inputs.old_logprob_sum),
+                                                                   inputs.old_logprob_sum),
+                               old_token_count=torch.where(missing, torch.ones_like(inputs.old_token_count),
+                                                           inputs.old_token_count))
 
 
 def _merge_terms(own: Tensor, self_t: RowTerms | None, cross_t: RowTerms | None) -> RowTerms:
@@ -479,7 +562,7 @@ def _check_inputs(x: LossInputs) -> None:
         t = getattr(x, name)
         if t.shape != (b,):
             raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")
-    for name in ("content_bytes", "loss_mask"):
+    for name in ("content_bytes", "loss_mask", "has_behaviour_logprob"):
         t = getattr(x, name)
         if t is not None and t.shape != (b,):
             raise ValueError(f"{name} must be [B] = [{b}], got {tuple(t.shape)}")

@@ -8,7 +8,9 @@
 
 The old log-prob of every row is its ``behaviour_logprob_sum`` over ``behaviour_token_count``
 tokens: the source's pre-update policy in the source's tokenization for foreign rows, the
-learner's own pre-update forward for own rows. It is never replaced by the current
+learner's own pre-update forward for own rows. A foreign row whose source sent none (the wire's presence
+flag, ``TrainingRow.has_behaviour_logprob``) is trained by ``AlgoConfig.missing_behaviour_logprob``
+(:func:`hacrl_fed.algo.losses.missing_logprob_objective`). It is never replaced by the current
 (detached) log-prob — verl's on-policy shortcut would silently corrupt the cross ratio
 (spec §6). Rows are never shuffled, so the stepwise index m of every row is well defined;
 by default m counts only the updates that hold cross rows (``AlgoConfig.stepwise_index``,
@@ -146,7 +148,10 @@ def _validate(rows: Sequence[TrainingRow], advantages: Sequence[float], ratios: 
             raise ValueError(f"{where}: no valid capability ratio for source (ratios for {sorted(ratios)})")
         if not row.prompt_ids or not row.response_ids:
             raise ValueError(f"{where}: empty prompt or response")
-        if row.behaviour_token_count < 1 or not math.isfinite(row.behaviour_logprob_sum):
+        if row.is_own and not row.has_behaviour_logprob:
+            raise ValueError(f"{where}: an own row always has its behaviour log-prob")
+        if row.has_behaviour_logprob and (row.behaviour_token_count < 1
+                                          or not math.isfinite(row.behaviour_logprob_sum)):
             raise ValueError(f"{where}: behaviour log-prob needs a finite sum over >= 1 token")
         if not math.isfinite(adv):
             raise ValueError(f"{where}: advantage {adv} is not finite")
@@ -177,8 +182,10 @@ class _Stats:
 
         u = self.updates
         n_src: dict[str, int] = defaultdict(int)
+        no_lp: dict[str, int] = defaultdict(int)
         for row in rows:
             n_src[row.source_agent] += 1
+            no_lp[row.source_agent] += not row.has_behaviour_logprob
         out = {"rows": float(len(rows)), "updates": float(len(u["loss"])), "tokens": float(self.tokens),
                "loss": mean(u["loss"]), "pg_loss": mean(u["pg_loss"]), "kl": mean(u["kl"]),
                "grad_norm": mean(u["grad_norm"]), "grad_norm_max": max(u["grad_norm"], default=0.0),
@@ -199,6 +206,8 @@ class _Stats:
                     f"src/{src}/adv_abs_mean": mean(col["adv"]), f"src/{src}/loss": mean(col["loss"]),
                     f"src/{src}/grad_frac": mean(col["grad"]),
                     f"src/{src}/pos_adv_rows": sum(col["pos_adv"]), f"src/{src}/pos_adv_grad_rows": sum(col["pos_grad"])}
+            if no_lp[src]:
+                out[f"src/{src}/no_logprob_rows"] = float(no_lp[src])
         return out
 
 
@@ -347,7 +356,9 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], packs:
         ref_token_logprobs=ref, num_sequences=len(mb.rows), num_own_tokens=n_own_tokens, ratio_mask=ratio_mask,
         content_bytes=col([rows[i].content_bytes for i in idx]),
         loss_mask=None if bool(in_loss.all()) else in_loss, num_tokens=n_tokens,
-        max_response_tokens=ctx.max_response_tokens)
+        max_response_tokens=ctx.max_response_tokens,
+        has_behaviour_logprob=None if all(rows[i].has_behaviour_logprob for i in idx)
+        else torch.tensor([rows[i].has_behaviour_logprob for i in idx], dtype=torch.bool, device=ctx.device))
     return inputs, int(batch["attention_mask"].sum())
 
 

@@ -353,14 +353,19 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
            accepted: Sequence[Any], agents: Mapping[str, AgentStep], verdicts: Mapping[str, Any],
            nodes: Sequence[Node], next_b: bytes, notices: dict[int, str]) -> tuple[dict[int, Reply], float]:
     """Broadcast the pool and the CapabilityTable to every agent that delivered (with the next plan),
-    and the next plan alone to every other online node. Returns the next step's generate replies
+    except rollout-only agents (roster ``role``), and the next plan alone to every other online
+    node. Returns the next step's generate replies
     and the slowest site's worker time."""
     run = setup.run
     accuracy = {a: v.accuracy for a, v in verdicts.items()}
     corrections = [c for v in verdicts.values() for c in v.corrections]
     table = capability_table(tracker, plan, accuracy, corrections).SerializeToString(deterministic=True)
     pool = {item.agent: item.envelope for item in accepted}
-    ids = {item.agent: agents[item.agent].node_id for item in accepted}
+    # a rollout-only site (roster role, docs/cross-vendor.md) is pooled and counted, never sent a train order
+    contributors = {a for a in pool if rollout_only(setup.roster, a)}
+    for agent in contributors:
+        agents[agent].status = "contributed"
+    ids = {item.agent: agents[item.agent].node_id for item in accepted if item.agent not in contributors}
     checkpoint = run.checkpoint_every > 0 and plan.step % run.checkpoint_every == 0
     orders = [Order(nid, "train", plan=plan_b, table=table, envelopes=pool, checkpoint=checkpoint, next_plan=next_b,
                     checkpoint_every=run.checkpoint_every, notice=notices.pop(nid, "")) for nid in ids.values()]
@@ -380,6 +385,12 @@ def _train(setup: Setup, transport: Transport, tracker: CapabilityTracker, plan:
         elif nid not in ids.values():
             upcoming[nid] = reply
     return upcoming, _worker_s(replies, timeout)
+
+
+def rollout_only(roster: Mapping[str, Any], agent: str) -> bool:
+    """The coordinator's roster lists ``agent`` with ``role = "rollout_only"`` (a plain mapping: no one is)."""
+    check = getattr(roster, "rollout_only", None)
+    return bool(check(agent)) if callable(check) else False
 
 
 def _totals(state: CoordinatorState, agents: Mapping[str, AgentStep]) -> None:

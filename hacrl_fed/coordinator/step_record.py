@@ -262,7 +262,7 @@ def step_notices(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], *, trained
     batch was not pooled, why the step was skipped, or (``after_train``) why its training was recorded as
     failed. Nodes with nothing to be told are left out."""
     out: dict[int, str] = {}
-    pooled = sum(a.status in ("accepted", "trained", "train_error") for a in agents.values())
+    pooled = sum(a.status in ("accepted", "trained", "train_error", "contributed") for a in agents.values())
     for a in agents.values():
         if after_train:
             text = f"your training was recorded as failed: {a.detail}" if a.status == "train_error" else ""
@@ -320,7 +320,8 @@ def step_record(plan: pb.RoundPlan, agents: Mapping[str, AgentStep], tracker: An
     timing["overhead_s"] = max(0.0, timing["step_s"] - timing.get("worker_s", 0.0) - timing["verify_s"])
     return {
         "event": "step", "run_id": plan.run_id, "step": plan.step, "time": time_s, "trained": trained,
-        "participants": sorted(n for n, a in agents.items() if a.status in ("trained", "train_error", "accepted")),
+        "participants": sorted(n for n, a in agents.items()
+                               if a.status in ("trained", "train_error", "accepted", "contributed")),
         "prompt_ids": [p.prompt_id for p in plan.prompts],
         "sampling": {"temperature": plan.sampling.temperature, "top_p": plan.sampling.top_p,
                      "top_k": plan.sampling.top_k, "max_new_tokens": plan.sampling.max_new_tokens,

@@ -32,6 +32,7 @@ running run.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -160,6 +161,14 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
         public = _node_public_key(cfg.node_key)
         if roster is not None and roster.node_key(name) and roster.node_key(name) != public:
             raise ConfigError(f"{cfg.node_key} is not the SuperNode key of {name!r} in {agent.roster}")
+    if agent.endpoint is not None:
+        if roster is not None and not roster.rollout_only(name):
+            raise ConfigError(f"{name!r} runs at an endpoint (rollout-only) but its entry in {agent.roster} lacks "
+                              "role = \"rollout_only\": the coordinator would send it train orders")
+        env = agent.endpoint.api_key_env
+        if own_worker and env and not os.environ.get(env):
+            raise ConfigError(f"agent.endpoint.api_key_env: the environment variable {env!r} is not set")
+        own_worker = False                          # nothing to load or train: no model name, rewards or checkpoints
     if own_worker:
         from hacrl_fed.worker.models import ModelLoadError, check_model_name
 
@@ -247,7 +256,11 @@ def _start_worker(sup: Supervisor, cfg: ClientConfig, resolved: Path, site_dir: 
     """Write a fresh worker token to ``token_file`` and start ``hacrl-fed worker`` with it; its progress lines
     go to the terminal. Returns the process, its address and the token. Raises RuntimeError (one line plus the
     log path) when it exits or is not healthy in time, OSError when the token cannot be written."""
-    log.info("starting the worker of %s: loading %s", cfg.agent.name, cfg.agent.model.name_or_path)
+    if cfg.agent.endpoint is not None:
+        log.info("starting the worker of %s: rollouts from %s at %s (rollout-only)", cfg.agent.name,
+                 cfg.agent.model.name_or_path, cfg.agent.endpoint.url)
+    else:
+        log.info("starting the worker of %s: loading %s", cfg.agent.name, cfg.agent.model.name_or_path)
     addr_file = site_dir / "worker.address"
     token = write_token(token_file)
     try:
@@ -301,9 +314,10 @@ def check_worker_health(health, cfg: ClientConfig, address: str) -> None:
     if health.agent_id != name:
         raise ConfigError(f"the worker at {address} is agent {health.agent_id!r}, not {name!r}")
     running = health.engine or "hf"
-    if running != cfg.agent.model.engine:
+    wanted = "endpoint" if cfg.agent.endpoint is not None else cfg.agent.model.engine
+    if running != wanted:
         raise ConfigError(f"the worker at {address} runs the {running!r} engine, this site's configuration says "
-                          f"{cfg.agent.model.engine!r} (agent.model.engine / --engine)")
+                          f"{wanted!r} (agent.model.engine / --engine, or agent.endpoint / --endpoint)")
 
 
 def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_address: str | None, token_file: Path,

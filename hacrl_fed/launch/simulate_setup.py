@@ -92,6 +92,9 @@ def _stamp() -> str:
 def _check_agents(cfg: SimulateConfig) -> None:
     """Reject agent settings a simulated run would ignore or that would make every step fail."""
     for i, agent in enumerate(cfg.agents):
+        if agent.endpoint is not None:
+            raise ConfigError(f"agents[{i}].endpoint: simulate runs and exports local models; join a model behind an "
+                              "API as a rollout-only site with `hacrl-fed client --endpoint` (docs/cross-vendor.md)")
         for key in ("private_key", "roster"):
             if getattr(agent, key):
                 raise ConfigError(f"agents[{i}].{key}: simulate generates every key and the roster into the run "

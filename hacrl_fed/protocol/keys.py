@@ -13,6 +13,7 @@ The **roster** is a TOML file distributed out of band, mapping agent names to pu
     [agents.alice]
     ed25519 = "<base64 of the raw 32-byte Ed25519 public key>"
     node_key = "ecdsa-sha2-nistp384 AAAA…"      # optional: SuperNode key to register
+    role = "rollout_only"                        # optional: a site that contributes rollouts, never trains
 
 Every consumer verifies a batch against its own copy of the roster, never against a key sent by
 the coordinator. Weak Ed25519 keys (small-order points such as all zeros or the identity, for which a
@@ -69,6 +70,10 @@ NIST_CURVES = (ec.SECP256R1, ec.SECP384R1, ec.SECP521R1)
 
 class KeyFileError(ValueError):
     """A key file is missing, unreadable, of the wrong type, or would be overwritten."""
+
+
+ROLES = ("learner", "rollout_only")
+"""Roster ``role`` values: a site that trains, or one that only contributes rollouts."""
 
 
 class RosterError(ValueError):
@@ -252,6 +257,13 @@ class RosterEntry:
     ed25519: Ed25519PublicKey
     node_key: str | None = None
     """OpenSSH EC public key for SuperNode registration, if the roster lists one."""
+    role: str = "learner"
+    """``learner`` (default: generates and trains) or ``rollout_only`` (a site behind an API endpoint that
+    publishes rollouts and never receives a train order, docs/cross-vendor.md)."""
+
+    @property
+    def rollout_only(self) -> bool:
+        return self.role == "rollout_only"
 
 
 class Roster(Mapping[str, Ed25519PublicKey]):
@@ -316,6 +328,11 @@ class Roster(Mapping[str, Ed25519PublicKey]):
             raise KeyError(f"{self.source}: no agent {agent!r} in the roster")
         return self.entries[agent].ed25519
 
+    def rollout_only(self, agent: str) -> bool:
+        """The roster says ``agent`` is a rollout-only site (never sent a train order); False if not listed."""
+        entry = self.entries.get(agent)
+        return entry is not None and entry.rollout_only
+
     def node_key(self, agent: str) -> str | None:
         """OpenSSH node-auth public key of ``agent`` or None. Raises KeyError if not listed."""
         if agent not in self.entries:
@@ -331,9 +348,11 @@ def _parse_entry(name: object, body: object, source: str) -> RosterEntry:
         raise RosterError(f"{where}: {err}") from None
     if not isinstance(body, Mapping):
         raise RosterError(f"{where}: expected a table with ed25519 = \"<base64>\"")
-    unknown = sorted(set(body) - {"ed25519", "node_key"})
+    unknown = sorted(set(body) - {"ed25519", "node_key", "role"})
     if unknown:
-        raise RosterError(f"{where}: unknown key(s) {', '.join(unknown)} (expected ed25519, node_key)")
+        raise RosterError(f"{where}: unknown key(s) {', '.join(unknown)} (expected ed25519, node_key, role)")
+    if body.get("role", "learner") not in ROLES:
+        raise RosterError(f"{where}.role: expected one of {', '.join(ROLES)}, got {str(body['role'])[:40]!r}")
     if "ed25519" not in body:
         raise RosterError(f"{where}.ed25519: required key is missing")
     for field in ("ed25519", "node_key"):
@@ -349,18 +368,22 @@ def _parse_entry(name: object, body: object, source: str) -> RosterEntry:
             node_key = _decode_node_key(body["node_key"])
         except ValueError as err:
             raise RosterError(f"{where}.node_key: {err}") from None
-    return RosterEntry(name, pub, node_key)  # type: ignore[arg-type]
+    return RosterEntry(name, pub, node_key, body.get("role", "learner"))  # type: ignore[arg-type]
 
 
-def roster_entry_toml(name: str, ed25519: str, node_key: str | None = None) -> str:
-    """TOML block ``[agents."NAME"]`` with the given public keys (strings quoted TOML-safely)."""
+def roster_entry_toml(name: str, ed25519: str, node_key: str | None = None, role: str = "learner") -> str:
+    """TOML block ``[agents."NAME"]`` with the given public keys (strings quoted TOML-safely) and, for a
+    rollout-only site, ``role = "rollout_only"``."""
     lines = [f"[agents.{json.dumps(name)}]", f"ed25519 = {json.dumps(ed25519)}"]
     if node_key:
         lines.append(f"node_key = {json.dumps(node_key)}")
+    if role != "learner":
+        lines.append(f"role = {json.dumps(role)}")
     return "\n".join(lines) + "\n"
 
 
-def update_roster(path: str | Path, name: str, ed25519: str, node_key: str | None = None) -> Roster:
+def update_roster(path: str | Path, name: str, ed25519: str, node_key: str | None = None,
+                  role: str = "learner") -> Roster:
     """Add or replace agent ``name`` in the roster at ``path`` (created if missing), atomically.
 
     A new agent is appended to the existing text (comments are kept); replacing an existing agent
@@ -368,7 +391,7 @@ def update_roster(path: str | Path, name: str, ed25519: str, node_key: str | Non
     Raises RosterError (invalid existing roster or entry), OSError when writing fails.
     """
     p = Path(path)
-    block = roster_entry_toml(name, ed25519, node_key)
+    block = roster_entry_toml(name, ed25519, node_key, role)
     try:
         old_text = read_bounded(p, MAX_ROSTER_BYTES).decode("utf-8") if p.exists() else ""
     except (OSError, UnicodeDecodeError) as err:
@@ -378,7 +401,7 @@ def update_roster(path: str | Path, name: str, ed25519: str, node_key: str | Non
         parts = ["# hacrl-fed roster: agent name -> public keys (distribute out of band)\n"]
         for other, e in old.entries.items():
             if other != name:
-                parts.append(roster_entry_toml(other, public_key_b64(e.ed25519), e.node_key))
+                parts.append(roster_entry_toml(other, public_key_b64(e.ed25519), e.node_key, e.role))
         parts.append(block)
         new_text = "\n".join(parts)
     else:

@@ -12,9 +12,12 @@ with a stable :class:`Reason` code (metrics key) and a one-line detail (log line
 6. run id, then step (a replay from an earlier step fails here)         ``wrong_run``, ``wrong_step``
 7. content against the step's :class:`RoundPlan` (:func:`check_rollouts`): known prompt ids,
    sample indices 0..G-1 with no duplicate and none missing, finite reward in [0, 1], finite
-   behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over 1..``max_new_tokens`` tokens, a
+   behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over 1..``max_new_tokens`` tokens when present, a
    response text of at most :func:`max_response_chars` characters, a known verdict and finish reason,
    a model fingerprint of at most :data:`MAX_FINGERPRINT_CHARS` printable ASCII characters.
+   The behaviour log-prob is optional (presence flag, :func:`has_behaviour_logprob`): a row that has it
+   must carry a finite sum ≤ 0 over ≥ 1 token (and an EOS term only as described at :func:`eos_logprob_ok`);
+   a row without it carries no EOS term and a token count of 0 (unknown) .. ``max_new_tokens``.
 
 :func:`check_rollouts` is the one content check of a batch: the coordinator runs it here, and every
 learner site runs it again on each peer batch of the pool it trains on
@@ -50,7 +53,7 @@ from hacrl_fed.protocol.envelope import (
 from hacrl_fed.v1.rollout_pb2 import FinishReason, RolloutBatch, RoundPlan, Verdict
 
 __all__ = ["LOGPROB_TOLERANCE", "MAX_CHARS_PER_TOKEN", "MAX_FINGERPRINT_CHARS", "AcceptedBatch", "BatchRejected",
-           "Reason", "check_rollouts", "max_response_chars", "validate_envelope"]
+           "Reason", "check_rollouts", "has_behaviour_logprob", "max_response_chars", "validate_envelope"]
 
 
 class Reason(enum.StrEnum):
@@ -139,6 +142,15 @@ def _examples(items: list[str]) -> str:
     return shown + (f" (+{len(items) - _MAX_EXAMPLES} more)" if len(items) > _MAX_EXAMPLES else "")
 
 
+def has_behaviour_logprob(r) -> bool:
+    """The rollout carries its behaviour log-prob sum (the wire's presence flag: ``HasField``, never a value).
+
+    Rows without one come from a source that cannot know it (an API endpoint without log-probs,
+    docs/cross-vendor.md); learners train on them by ``AlgoConfig.missing_behaviour_logprob``.
+    """
+    return r.HasField("behaviour_logprob_sum")
+
+
 def eos_logprob_ok(r) -> bool:
     """A set ``behaviour_eos_logprob`` is finite, ≤ 0, part of the sum (sum ≤ it) and belongs to a STOP response."""
     e = r.behaviour_eos_logprob
@@ -152,11 +164,16 @@ def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None) -> Reas
         return Reason.BAD_SAMPLE_INDEX
     if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
         return Reason.BAD_REWARD
-    if not (math.isfinite(r.behaviour_logprob_sum) and r.behaviour_logprob_sum <= LOGPROB_TOLERANCE):
+    if has_behaviour_logprob(r):
+        if not (math.isfinite(r.behaviour_logprob_sum) and r.behaviour_logprob_sum <= LOGPROB_TOLERANCE):
+            return Reason.BAD_LOGPROB
+        if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
+            return Reason.BAD_LOGPROB
+        if r.behaviour_token_count < 1:
+            return Reason.BAD_TOKEN_COUNT
+    elif r.HasField("behaviour_eos_logprob"):   # an EOS term is part of a sum the row does not have
         return Reason.BAD_LOGPROB
-    if r.HasField("behaviour_eos_logprob") and not eos_logprob_ok(r):
-        return Reason.BAD_LOGPROB
-    if r.behaviour_token_count < 1 or (max_new_tokens is not None and r.behaviour_token_count > max_new_tokens):
+    if max_new_tokens is not None and r.behaviour_token_count > max_new_tokens:
         return Reason.BAD_TOKEN_COUNT
     if max_new_tokens is not None and len(r.response_text) > max_response_chars(max_new_tokens):
         return Reason.TEXT_TOO_LONG
@@ -193,7 +210,8 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
         problem = _row_problem(r, g, max_new_tokens)
         if problem is not None:
             bad.setdefault(problem, []).append(
-                f"{r.prompt_id}#{r.sample_index} (reward={r.reward!r}, logprob_sum={r.behaviour_logprob_sum!r}, "
+                f"{r.prompt_id}#{r.sample_index} (reward={r.reward!r}, "
+                f"logprob_sum={r.behaviour_logprob_sum if has_behaviour_logprob(r) else None!r}, "
                 f"tokens={r.behaviour_token_count}, chars={len(r.response_text)}, verdict={r.verdict}, "
                 f"finish={r.finish_reason})")
     for reason in (Reason.BAD_SAMPLE_INDEX, Reason.BAD_REWARD, Reason.BAD_LOGPROB, Reason.BAD_TOKEN_COUNT,

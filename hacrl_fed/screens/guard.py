@@ -62,7 +62,7 @@ def rewrite_rollout(rollout: pb.Rollout, content: str, *, stop: bool = False) ->
     Per-token log-probs never cross the wire, so the source's behaviour sum and token count over the content
     are scaled by the kept share of the bytes (the per-byte mean is kept); the EOS log-prob is kept when the
     source sent one (a row made STOP without one gets 0: the learner's EOS is then left out of the ratio on
-    both sides).
+    both sides). A row without a behaviour log-prob keeps having none (its token count, if known, is scaled).
     """
     old = rollout.response_text.lstrip()
     lead = rollout.response_text[: len(rollout.response_text) - len(old)]
@@ -74,6 +74,11 @@ def rewrite_rollout(rollout: pb.Rollout, content: str, *, stop: bool = False) ->
     content_sum = rollout.behaviour_logprob_sum - eos
     content_count = rollout.behaviour_token_count - (1 if had_eos else 0)
     out.response_text = lead + content
+    if not rollout.HasField("behaviour_logprob_sum"):   # no behaviour log-prob: nothing to scale but the count
+        out.behaviour_token_count = round(rollout.behaviour_token_count * frac)
+        if stop:
+            out.finish_reason = pb.STOP
+        return out
     out.behaviour_logprob_sum = content_sum * frac + eos
     if stop or had_eos:
         out.behaviour_token_count = max(1, round(content_count * frac)) + 1

@@ -61,6 +61,10 @@ class TrainingRow:
     None when unknown (an older peer, an own row) or there is none."""
     content_bytes: int = 0
     """UTF-8 bytes of the response text without leading whitespace and the EOS (the per-byte ratio unit)."""
+    has_behaviour_logprob: bool = True
+    """The source sent its behaviour log-prob (the wire's presence flag). False: ``behaviour_logprob_sum`` is 0
+    and meaningless, ``behaviour_token_count`` is the source's token count if known, else 0; the learner trains
+    on the row by ``AlgoConfig.missing_behaviour_logprob`` (:mod:`hacrl_fed.algo.losses`). Own rows: True."""
 
     @property
     def ends_with_eos(self) -> bool:
@@ -232,11 +236,17 @@ def foreign_row(tokenizer, prompt_ids: Sequence[int], rollout, source_agent: str
         prompt_id=rollout.prompt_id, sample_index=int(rollout.sample_index), source_agent=source_agent,
         is_own=False, prompt_ids=tuple(int(t) for t in prompt_ids), response_ids=kept,
         reward=float(rollout.reward if reward is None else reward),
-        behaviour_logprob_sum=float(rollout.behaviour_logprob_sum),
+        behaviour_logprob_sum=float(rollout.behaviour_logprob_sum) if _has_logprob(rollout) else 0.0,
         behaviour_token_count=int(rollout.behaviour_token_count), learner_token_count=len(kept),
         truncated=truncated, finish_reason=reason, behaviour_eos_logprob=_eos_logprob(rollout, reason),
-        content_bytes=len(content.encode("utf-8")),
+        content_bytes=len(content.encode("utf-8")), has_behaviour_logprob=_has_logprob(rollout),
     )
+
+
+def _has_logprob(rollout) -> bool:
+    """The wire's presence flag of ``behaviour_logprob_sum`` (an object without ``HasField``: True)."""
+    has = getattr(rollout, "HasField", None)
+    return True if has is None else bool(has("behaviour_logprob_sum"))
 
 
 def _eos_logprob(rollout, reason: str) -> float | None:

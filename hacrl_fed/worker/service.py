@@ -210,8 +210,10 @@ def _write_address(path: str | Path, address: str) -> None:
 
 
 def run_worker(cfg, *, address: str | None = None, address_file: str | None = None, resume: bool = True,
-               status_file: str | None = None, token_file: str | None = None) -> None:
-    """Load the agent of ``cfg`` (a ``ClientConfig``), serve it until SIGINT/SIGTERM.
+               status_file: str | None = None, token_file: str | None = None, factory=None) -> None:
+    """Load the agent of ``cfg`` (a ``ClientConfig``), serve it until SIGINT/SIGTERM. ``factory(agent, run_id=,
+    status_file=)`` builds another worker with the same five operations instead of an ``AgentWorker`` (the CLI
+    passes :class:`~hacrl_fed.contributor.EndpointWorker` for a site with ``agent.endpoint``: no model loaded).
 
     Every call must carry the token of ``token_file`` (default ``<output_dir>/<agent>/worker.token``; a new one
     is written there, mode 0600, when the file does not exist). Paths a Checkpoint call names must lie in the
@@ -232,8 +234,11 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     token_path = Path(token_file) if token_file else site_dir / TOKEN_FILE
     token = ensure_token(token_path)                 # before the model loads: a bad file fails fast
     ckpt = agent.checkpoint_dir or str(site_dir / "checkpoints")
-    worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume, run_id=getattr(cfg, "run_id", None),
-                         status_file=status_file, site_dir=site_dir)
+    if factory is not None:                        # e.g. a rollout-only site's EndpointWorker (no weights)
+        worker = factory(agent, run_id=getattr(cfg, "run_id", None), status_file=status_file)
+    else:
+        worker = AgentWorker(agent, checkpoint_dir=ckpt, resume=resume, run_id=getattr(cfg, "run_id", None),
+                             status_file=status_file, site_dir=site_dir)
     stop = threading.Event()
     try:
         server, bound = serve(worker, addr, token=token)

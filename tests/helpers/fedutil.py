@@ -29,14 +29,15 @@ class Federation:
         return self.root / f"{agent}.node.key"
 
 
-def make_federation(root: Path, agents: list[str]) -> Federation:
-    """Generate identities for ``agents`` (+ an outsider ``eve``, not in the roster) under ``root``."""
+def make_federation(root: Path, agents: list[str], roles: dict[str, str] | None = None) -> Federation:
+    """Generate identities for ``agents`` (+ an outsider ``eve``, not in the roster) under ``root``; ``roles``:
+    roster ``role`` per agent (default ``learner``)."""
     root.mkdir(parents=True, exist_ok=True)
     blocks, keys = [], {}
     eve = generate_identity("eve", root)
     for agent in agents:
         ident = generate_identity(agent, root)
-        blocks.append(roster_entry_toml(agent, ident.ed25519, ident.node_public))
+        blocks.append(roster_entry_toml(agent, ident.ed25519, ident.node_public, (roles or {}).get(agent, "learner")))
         keys[agent] = Keys(own=load_signing_key(ident.signing_key), stranger=load_signing_key(eve.signing_key))
     roster_path = root / "roster.toml"
     roster_path.write_text("\n".join(blocks), encoding="utf-8")

@@ -109,6 +109,17 @@ def _non_utf8(plan, agent, keys, max_bytes):
     return _signed(payload, keys.own, agent)
 
 
+def _eos_without_sum(b: pb.RolloutBatch) -> None:
+    """A row that says it has no behaviour log-prob but carries the EOS term of one."""
+    b.rollouts[-1].ClearField("behaviour_logprob_sum")
+    b.rollouts[-1].behaviour_eos_logprob = -1.0
+
+
+def _no_sum_too_many_tokens(b: pb.RolloutBatch) -> None:
+    b.rollouts[-1].ClearField("behaviour_logprob_sum")
+    b.rollouts[-1].behaviour_token_count = 1_000_000
+
+
 def _duplicate(b: pb.RolloutBatch) -> None:
     b.rollouts[-1].sample_index = b.rollouts[-2].sample_index if len(b.rollouts) > 1 else 0
     if len(b.rollouts) == 1:
@@ -133,6 +144,9 @@ HOSTILE: dict[str, tuple[Builder, Reason]] = {
     "inf_logprob": (_rows(_set("behaviour_logprob_sum", -math.inf)), Reason.BAD_LOGPROB),
     "positive_logprob": (_rows(_set("behaviour_logprob_sum", 2.0)), Reason.BAD_LOGPROB),
     "zero_tokens": (_rows(_set("behaviour_token_count", 0)), Reason.BAD_TOKEN_COUNT),
+    "nan_logprob_claimed": (_rows(_set("behaviour_logprob_sum", math.nan)), Reason.BAD_LOGPROB),
+    "eos_term_without_a_sum": (_rows(_eos_without_sum), Reason.BAD_LOGPROB),
+    "no_sum_token_count_over_the_plan": (_rows(_no_sum_too_many_tokens), Reason.BAD_TOKEN_COUNT),
     "no_verdict": (_rows(_set("verdict", pb.VERDICT_UNSPECIFIED)), Reason.BAD_VERDICT),
     "no_finish_reason": (_rows(_set("finish_reason", pb.FINISH_REASON_UNSPECIFIED)), Reason.BAD_FINISH_REASON),
     "non_utf8": (_non_utf8, Reason.MALFORMED),

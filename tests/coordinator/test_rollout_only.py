@@ -1,0 +1,57 @@
+"""A rollout-only agent (roster ``role = "rollout_only"``): pooled, re-verified and counted in the capability
+statistics like any agent, never sent a train order (the in-process transport, no Flower processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedutil import boxed_verify, problems
+from hacrl_fed.config import DataConfig, RunConfig
+from hacrl_fed.coordinator.rounds import Setup, rollout_only, run_coordinator
+from hacrl_fed.data.sampler import PromptSampler
+from hacrl_fed.protocol.keys import Roster, RosterError, public_key_b64, roster_entry_toml
+from inprocess import FakeSite, InProcessTransport
+
+
+def roster_with_role(federation, tmp_path, role_of: dict[str, str]) -> Roster:
+    text = "\n".join(roster_entry_toml(a, public_key_b64(federation.roster[a]), None, role_of.get(a, "learner"))
+                     for a in federation.roster)
+    path = tmp_path / "roster.toml"
+    path.write_text(text)
+    return Roster.load(path)
+
+
+def test_roster_role_is_parsed_and_checked(federation, tmp_path):
+    roster = roster_with_role(federation, tmp_path, {"carol": "rollout_only"})
+    assert roster.rollout_only("carol") and not roster.rollout_only("alice") and not roster.rollout_only("nobody")
+    assert rollout_only(roster, "carol") and not rollout_only({"carol": None}, "carol")
+    bad = (tmp_path / "roster.toml").read_text().replace('"rollout_only"', '"trainer"')
+    (tmp_path / "bad.toml").write_text(bad)
+    with pytest.raises(RosterError, match="role: expected one of learner, rollout_only"):
+        Roster.load(tmp_path / "bad.toml")
+
+
+def test_a_rollout_only_agent_is_pooled_and_never_trained(tmp_path, federation):
+    roster = roster_with_role(federation, tmp_path, {"carol": "rollout_only"})
+    run = RunConfig(run_id="run-r", steps=3, prompts_per_step=2, samples_per_prompt=2, min_agents=2,
+                    data=DataConfig(num_problems=20, eval_size=0), max_batch_bytes=64 * 1024, join_timeout_s=0)
+    setup = Setup(run=run, roster=roster, verify=boxed_verify,
+                  sampler=PromptSampler(problems(20), batch_size=2, seed=0), run_dir=tmp_path / "run",
+                  sleep=lambda s: None)
+    k = federation.keys
+    alice, bob, carol = FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])
+    transport = InProcessTransport([alice, bob, carol])
+    run_coordinator(setup, transport)
+    assert carol.trained == [] and carol.generated == [1, 2, 3]          # asked to generate every step, never to train
+    assert not any(kind == "train" and site == "carol" for ex in transport.exchanges for kind, site in ex)
+    for site in (alice, bob):
+        assert [s for s, _, _ in site.trained] == [1, 2, 3]
+        assert all(pool == ["alice", "bob", "carol"] for _, pool, _ in site.trained)   # its rows are in the pool
+    steps = [json.loads(line) for line in setup.metrics_path.read_text().splitlines()]
+    steps = [r for r in steps if r["event"] == "step"]
+    for r in steps:
+        c = r["agents"]["carol"]
+        assert c["status"] == "contributed" and c["rows_accepted"] == 4 and "carol" in r["participants"]
+        assert c["accuracy"] is not None and c["capability"] is not None   # re-verified, in the capability table
