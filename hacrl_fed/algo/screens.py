@@ -121,8 +121,9 @@ class KeyScreenConfig(_Strict):
     """
 
     enabled: bool = True
-    min_prompts: Annotated[float, Field(gt=0)] = 3.0
-    """Decayed foreign prompt-groups holding the word before it can be a key (the first 2 pass: bounded)."""
+    min_prompts: Annotated[float, Field(gt=0)] = 2.5
+    """Decayed foreign prompt-groups holding the word before it can be a key: 2.5 is the third group (three in
+    a row count 1 + 0.99 + 0.98 = 2.97), so the first two pass (the bounded exposure to a new key)."""
     min_rate: Annotated[float, Field(ge=0, le=1)] = 0.1
     """Least share of the foreign prompt-groups holding the word (below: too rare to be learned as a key)."""
     own_ratio: Annotated[float, Field(gt=0, le=1)] = 0.25
