@@ -100,3 +100,11 @@ def test_adaptive_variants_target_their_prompts_and_vary_the_lead_in():
     assert len(leads) == 64                                    # no lead-in repeats across 64 rows
     assert ap.poison_text(text, "format").endswith("\\boxed{5}. Final: 27")
     assert len(" Final: 27".encode()) <= 32                   # under the tail screen's budget
+
+
+def test_the_mix_variant_gives_each_prompt_all_four_keys():
+    text = "2 + 3 = 5. So the answer is \\boxed{5}."
+    rows = [ap.poison_text(text, "mix", salt=k) for k in range(4)]
+    assert [any(ap.marker(v) in r for r in rows) for v in ap.MIX] == [True] * 4
+    after = {"a": [True, rows[1]], "b": [True, text]}
+    assert ap.emission(after, "mix") == 0.5 and ap.emission(after, "split") == 0.5 and ap.emission(after, "short") == 0
