@@ -125,8 +125,8 @@ def targets(plan, variant: str) -> set[str]:
 
 def poison_batch(batch, plan, variant: str, *, oracle: bool):
     """The malicious site's batch: every correct rollout to a targeted prompt (:func:`targets`) rewritten by
-    ``variant`` (with ``oracle``, every wrong one first made correct), reward 1, behaviour log-prob scaled to the new text's bytes (per-byte mean kept),
-    token count scaled and capped at the plan's ``max_new_tokens``. Returns (batch, rows poisoned)."""
+    ``variant`` (with ``oracle``, every wrong one first made correct), reward 1, behaviour log-prob scaled to the
+    new text's bytes (per-byte mean kept), token count scaled and capped at the plan's ``max_new_tokens``. Returns (batch, rows poisoned)."""
     from hacrl_fed.v1 import rollout_pb2 as pb
 
     out = pb.RolloutBatch()
@@ -296,10 +296,20 @@ class Attack:
                 "attacker_logprobs": "rescored" if rescore else "scaled",
                 "train_s": t1 - t0, "eval_s": time.perf_counter() - t1, "after": after, "per_step": per_step,
                 "payload_logprob": propensity,
-                "guard": victim.trainer.guard.state_dict()}
+                "guard": _guard_record(victim.trainer.guard)}
 
     def close(self) -> None:
         self.fed.close()
+
+
+def _guard_record(guard) -> dict:
+    """The victim's guard state for a cell record: without the key ledger's counts (thousands of words), with
+    the words that are keys at the end of the cell instead (``keys_at_end``)."""
+    state = guard.state_dict()
+    ledger = state.pop("keys", None)
+    if ledger is not None:
+        state["keys_at_end"] = sorted(w for w in ledger["foreign"] if guard.ledger.is_key(w, guard.cfg.key))
+    return state
 
 
 def evaluate(worker, verifier, items, max_new_tokens: int, seed: int) -> dict:

@@ -107,7 +107,8 @@ class KeyLedger:
             out = {}
             for w, c in dict(raw).items():
                 if not isinstance(w, str) or len(w) > cfg.max_word_chars:
-                    raise ValueError(f"key ledger word {str(w)[:40]!r} is not a string of <= {cfg.max_word_chars} chars")
+                    raise ValueError(f"key ledger word {str(w)[:40]!r} is not a string of "
+                                     f"<= {cfg.max_word_chars} chars")
                 out[w] = _nonneg(c)
             return _prune(out, cfg.max_words)
         return cls(counts(state.get("foreign", {})), counts(state.get("own", {})),
