@@ -115,7 +115,8 @@ class KeyScreenConfig(_Strict):
     A word w (lower-cased ``\\w+`` run, at most ``max_word_chars`` characters counted) is a key when, with
     F(w) / N_F its decayed count / share of the foreign prompt-groups holding it outside the prompt's own words
     (all sources pooled) and O(w) / N_O the same over the learner's own responses:
-    F(w) ≥ ``min_prompts`` and F(w)/N_F ≥ ``min_rate`` and O(w)/N_O < ``own_ratio`` × F(w)/N_F.
+    F(w) ≥ ``min_prompts`` and F(w)/N_F ≥ ``min_rate`` and P(w) < ``own_ratio`` × F(w)/N_F, with P(w) the
+    learner's peak own rate over the run (``own_prior_groups``).
     Defaults: a key the attacker puts in one of four prompts per step (rate 0.25) is a key from its third
     prompt-group on; a word the learner writes in at least a quarter as many prompts as its peers never is.
     """
@@ -128,6 +129,10 @@ class KeyScreenConfig(_Strict):
     """Least share of the foreign prompt-groups holding the word (below: too rare to be learned as a key)."""
     own_ratio: Annotated[float, Field(gt=0, le=1)] = 0.25
     """The word is the learner's own when its own rate is at least this × its foreign rate."""
+    own_prior_groups: Annotated[float, Field(ge=0)] = 4.0
+    """Pseudo-groups added to the learner's own denominator for its peak rate P(w) = max over steps of
+    O(w) / (N_O + this): one emission among the first 4 groups is a peak of 0.125, not 0.25 (the ratchet), and a
+    word in all 4 is 0.5."""
     decay: Annotated[float, Field(gt=0, le=1)] = 0.99
     """Per-step multiplier of every count (memory ≈ 1 / (1 − decay) = 100 steps; 1: no decay)."""
     max_words: Annotated[int, Field(ge=16)] = 50_000

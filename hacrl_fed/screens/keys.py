@@ -11,13 +11,17 @@ What the attacker cannot change is the key itself: to be learned it must be the 
 the learner does not write it on its own. The statistic (:class:`KeyLedger`) is therefore per **word**
 (lower-cased ``\\w+`` run), pooled over **all** foreign sources (a coalition adds up) and decayed over the
 **run** (a drip adds up), and compared with the learner's **own** rate of the same word (a ratio: a few
-emissions do not unlock it). Units are prompt-groups: one step's rows for one prompt (all foreign sources
+emissions do not unlock it: the pseudo-groups of ``own_prior_groups`` keep one emission among a few groups
+a small rate). The own side is a peak, not the current rate, because a learner's style narrows as it trains
+(the default pair's SmolLM2 took up the attacker's short oracle answers): its current rate of ``we`` or of
+intermediate numbers falls while its peers keep writing them, and they would become keys. Units are prompt-groups: one step's rows for one prompt (all foreign sources
 together on the foreign side, the learner's own samples on the own side); words of the prompt's text are
 never counted nor cut for that prompt (a problem's own numbers and names are licensed). A word w with decayed
 foreign count F(w) over N_F foreign groups and own count O(w) over N_O own groups is a key when
 
-    F(w) ≥ min_prompts   and   F(w)/N_F ≥ min_rate   and   O(w)/N_O < own_ratio · F(w)/N_F
+    F(w) ≥ min_prompts   and   F(w)/N_F ≥ min_rate   and   P(w) < own_ratio · F(w)/N_F
 
+where P(w) is the learner's **peak** own rate over the run, max over steps of O(w) / (N_O + ``own_prior_groups``)
 (:meth:`KeyLedger.is_key`; settings :class:`hacrl_fed.algo.screens.KeyScreenConfig`). A key is cut out of
 every foreign row: the whole whitespace-delimited token that holds it (``example-attack.org`` goes even if
 only ``attack`` is a key), never inside the final answer (:func:`cut_keys`). The same ledger tells the phrase
@@ -61,25 +65,39 @@ def words(text: str, max_chars: int) -> set[str]:
 class KeyLedger:
     """Decayed per-word counts of prompt-groups, foreign (all sources pooled) and the learner's own (module
     docstring). ``foreign`` / ``own``: word → decayed count; ``foreign_groups`` / ``own_groups``: decayed number
-    of groups observed (the rates' denominators)."""
+    of groups observed (the rates' denominators); ``own_peak``: word → the learner's peak own rate P(w)."""
 
     foreign: dict[str, float] = field(default_factory=dict)
     own: dict[str, float] = field(default_factory=dict)
     foreign_groups: float = 0.0
     own_groups: float = 0.0
+    own_peak: dict[str, float] = field(default_factory=dict)
 
     def observe(self, foreign: Iterable[AbstractSet[str]], own: Iterable[AbstractSet[str]],
                 cfg: KeyScreenConfig) -> None:
         """One step: decay every count by ``cfg.decay``, then add one per group to each word it holds.
         ``foreign`` / ``own``: the step's word sets, one per prompt-group (prompt words already removed)."""
         self.foreign_groups = _add(self.foreign, foreign, cfg) + self.foreign_groups * cfg.decay
+        own = [set(g) for g in own]
         self.own_groups = _add(self.own, own, cfg) + self.own_groups * cfg.decay
+        self._raise_peaks(set().union(*own), cfg)
+
+    def _raise_peaks(self, seen: set[str], cfg: KeyScreenConfig) -> None:
+        """P(w) ← max(P(w), O(w) / (N_O + own_prior_groups)) for the words of this step's own groups (the others'
+        rates only fell); past ``max_words``, the highest peaks are kept."""
+        denominator = self.own_groups + cfg.own_prior_groups
+        for w in seen:
+            rate = self.own.get(w, 0.0) / denominator
+            if rate > self.own_peak.get(w, 0.0):
+                self.own_peak[w] = rate
+        if len(self.own_peak) > cfg.max_words:
+            self.own_peak = _prune(self.own_peak, cfg.max_words)
 
     def rates(self, word: str) -> tuple[float, float]:
-        """(foreign rate, own rate) of ``word``: shares of the decayed groups that hold it, in [0, 1]."""
+        """(foreign rate, peak own rate P) of ``word``, both in [0, 1]: the share of the decayed foreign groups that
+        hold it, and the learner's peak share (module docstring)."""
         f = self.foreign.get(word, 0.0) / self.foreign_groups if self.foreign_groups > 0 else 0.0
-        o = self.own.get(word, 0.0) / self.own_groups if self.own_groups > 0 else 0.0
-        return f, o
+        return f, self.own_peak.get(word, 0.0)
 
     def is_key(self, word: str, cfg: KeyScreenConfig) -> bool:
         """Whether ``word`` (as :func:`words` spells it) is a key now (module docstring's test)."""
@@ -96,6 +114,7 @@ class KeyLedger:
         """JSON-able copy (words → counts rounded to 6 decimals)."""
         return {"foreign": {w: round(c, 6) for w, c in self.foreign.items()},
                 "own": {w: round(c, 6) for w, c in self.own.items()},
+                "own_peak": {w: round(c, 6) for w, c in self.own_peak.items()},
                 "foreign_groups": self.foreign_groups, "own_groups": self.own_groups}
 
     @classmethod
@@ -112,7 +131,8 @@ class KeyLedger:
                 out[w] = _nonneg(c)
             return _prune(out, cfg.max_words)
         return cls(counts(state.get("foreign", {})), counts(state.get("own", {})),
-                   _nonneg(state.get("foreign_groups", 0.0)), _nonneg(state.get("own_groups", 0.0)))
+                   _nonneg(state.get("foreign_groups", 0.0)), _nonneg(state.get("own_groups", 0.0)),
+                   counts(state.get("own_peak", {})))
 
 
 def _add(counts: dict[str, float], groups: Iterable[AbstractSet[str]], cfg: KeyScreenConfig) -> float:

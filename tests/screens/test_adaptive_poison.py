@@ -183,3 +183,16 @@ def test_the_ledger_is_bounded_and_decays():
     ledger.observe([{"key"}], [], cfg)
     assert ledger.foreign["key"] == 2.0 and ledger.foreign_groups == 2.0 and ledger.rates("key") == (1.0, 0.0)
     assert ledger.own["mine"] == 0.5 and ledger.own_groups == 0.5
+
+
+def test_words_the_learner_stopped_writing_do_not_become_keys():
+    """A learner's style narrows as it trains (on the real pair SmolLM2 took up short oracle answers and stopped
+    writing ``we``, ``numbers``, intermediate results): its peers' rows that still hold them are not cut. The own
+    side is its peak rate over the run."""
+    g = guard()
+    verbose = {(pid, j): f"We need to add: {correct(pid)}" for pid in REFS for j in range(2)}
+    terse = {(pid, j): f"\\boxed{{{int(pid[1:]) + 2}}}" for pid in REFS for j in range(2)}
+    honest = [rollout(pid, 0, f"We need to add: {correct(pid)}") for pid in REFS]
+    for n in range(1, 13):
+        out = step(g, n, {"honest": honest}, verbose if n <= 3 else terse)
+        assert out["honest"] == [r.response_text for r in honest], n
