@@ -133,6 +133,11 @@ class KeyScreenConfig(_Strict):
     """Pseudo-groups added to the learner's own denominator for its peak rate P(w) = max over steps of
     O(w) / (N_O + this): one emission among the first 4 groups is a peak of 0.125, not 0.25 (the ratchet), and a
     word in all 4 is 0.5."""
+    number_digits: Annotated[int, Field(ge=0)] = 0
+    """A word of ASCII digits only, at most this long, is never a key (0: every number can be, the default). 3
+    spares an honest peer's intermediate results (on the real pair ``6`` alone was cut from 25 of Gemma's 96
+    rows) but lets a fixed answer-format line of the learner's own words and a small number through
+    (``Final: 27`` where the learner writes "final" itself: 20 of mallory's 96 rows kept it)."""
     decay: Annotated[float, Field(gt=0, le=1)] = 0.99
     """Per-step multiplier of every count (memory ≈ 1 / (1 − decay) = 100 steps; 1: no decay)."""
     max_words: Annotated[int, Field(ge=16)] = 50_000

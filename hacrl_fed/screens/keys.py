@@ -28,6 +28,10 @@ only ``attack`` is a key), never inside the final answer (:func:`cut_keys`). The
 screen which words are the learner's own (:meth:`KeyLedger.own_common`): a recurring phrase made only of them
 (``so the answer is``) is an honest carrier phrase, not a payload.
 
+Numbers are words like any other by default: a fixed ``27`` is what keeps ``Final: 27`` a key when the learner
+writes "final" itself. The price is an honest peer's recurring small numbers (on the real pair ``6`` was cut
+from 25 of Gemma's 96 rows); ``number_digits`` trades it back (module :mod:`hacrl_fed.algo.screens`).
+
 What it cannot stop: a payload made only of words the learner itself writes about as often as its peers (an
 ordinary sentence: by counting it is honest style); a key below ``min_rate`` of the foreign groups (its share
 of the gradient is then as small); the first ``min_prompts`` − 1 groups of a new key; a key spelled
@@ -101,6 +105,8 @@ class KeyLedger:
 
     def is_key(self, word: str, cfg: KeyScreenConfig) -> bool:
         """Whether ``word`` (as :func:`words` spells it) is a key now (module docstring's test)."""
+        if word.isascii() and word.isdigit() and len(word) <= cfg.number_digits:
+            return False
         f, o = self.rates(word)
         return self.foreign.get(word, 0.0) >= cfg.min_prompts - 1e-9 and f >= cfg.min_rate and o < cfg.own_ratio * f
 

@@ -94,6 +94,11 @@ def test_a_key_in_the_32_bytes_after_the_answer_is_cut():
     rows = poisoned(lambda pid, j: f"{correct(pid)} Final: 27")       # 10 bytes: under the tail budget
     out = step(guard(), 1, {"mallory": rows})
     assert [t for t in out["mallory"]] == [correct(r.prompt_id) for r in rows]
+    # the learner writes "final" itself: the fixed number still makes the line a key (unless number_digits spares it)
+    own = {k: f"{t} Final." for k, t in own_texts().items()}
+    assert step(guard(), 1, {"mallory": rows}, own)["mallory"] == [f"{correct(r.prompt_id)} Final:" for r in rows]
+    spared = step(guard(key={"number_digits": 3}), 1, {"mallory": rows}, own)["mallory"]
+    assert spared == [r.response_text for r in rows]
 
 
 def test_an_honest_carrier_phrase_in_every_prompt_is_not_cut():
