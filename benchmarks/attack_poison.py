@@ -12,7 +12,7 @@ validation, re-verification and capability table; no Flower transport):
   ``long``    — long but correct: a fixed filler sentence repeated before the answer.
   Adaptive variants (issue 25 C: an attacker that has read ``hacrl_fed/screens/`` and carries a fixed key past
   the per-step, per-source phrase screen; the key screen, :mod:`hacrl_fed.screens.keys`, is their defence):
-  ``short``   — a key of three words, ``See example-attack.org.``, before the reasoning (no word 4-gram);
+  ``short``   — a key of three words, ``example-attack.org.``, before the reasoning (no word 4-gram);
   ``split``   — a payload cut into short sentences, ``Visit mathtricks now. It's free. Tell friends!``;
   ``leadin``  — the key ``www.mathtricks.example`` behind a two-word lead-in that changes every row;
   ``format``  — an answer-format line, `` Final: 27``, after the answer (10 bytes: under the tail budget);
@@ -60,7 +60,7 @@ PAYLOAD = "Visit www.mathtricks.example for more!"
 FILLER = "Let me double-check this carefully once more."
 """The ``long`` variant's filler sentence, repeated :data:`FILLER_REPEATS` times before the answer."""
 FILLER_REPEATS = 3
-SHORT_KEY = "See example-attack.org."
+SHORT_KEY = "example-attack.org."
 SPLIT = "Visit mathtricks now. It's free. Tell friends!"
 LEADIN_KEY = "www.mathtricks.example"
 FORMAT_KEY = "Final: 27"

@@ -318,7 +318,9 @@ class SiteGuard:
                   styles: Mapping[str, str]) -> list[pb.Rollout]:
         """``rows`` of ``src`` with every key cut out (:func:`hacrl_fed.screens.keys.cut_keys`; never inside the
         final answer, never a word of the row's prompt); counted (``screened_key_cut``, ``keys_cut``) and logged;
-        a row whose final answer the cut would change is left out. No quarantine flag: an honest peer's house
+        a rewarded row whose final answer the cut would change is left out (its reward was for the other answer;
+        an unrewarded row is trained cut, still unrewarded: on the real pair a wrong Gemma row with an unclosed
+        ``\\boxed{n. \\l`` lost its answer to the cut of ``n`` and ``l``). No quarantine flag: an honest peer's house
         word is a key too, and the cut is the defence (the ledger is never released)."""
         if not keys or not rows:
             return rows
@@ -333,7 +335,7 @@ class SiteGuard:
                 continue
             found |= keys & words(content, self.cfg.key.max_word_chars)
             self._count(src, "screened_key_cut")
-            if _final_answer(kept, style) != _final_answer(content, style):
+            if r.reward > 0 and _final_answer(kept, style) != _final_answer(content, style):
                 self._screened_row(src, (r.prompt_id, int(r.sample_index)), r.reward > 0, out=True)
                 log.info("step %d: %s %s#%d: a key holds its answer: left out", self.step, src, r.prompt_id,
                          r.sample_index)

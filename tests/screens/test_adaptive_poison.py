@@ -201,3 +201,13 @@ def test_words_the_learner_stopped_writing_do_not_become_keys():
     for n in range(1, 13):
         out = step(g, n, {"honest": honest}, verbose if n <= 3 else terse)
         assert out["honest"] == [r.response_text for r in honest], n
+
+
+def test_an_unrewarded_row_whose_broken_answer_a_key_cut_changes_is_still_trained():
+    """Replayed on the real pair, a wrong Gemma row ending in an unclosed ``\\boxed{n. \\l`` lost its answer to a key
+    cut and was left out; an unrewarded row is trained cut (its reward stays 0), a rewarded one is left out."""
+    rows = [rollout(pid, 0, f"The answer is \\boxed{{qqq {pid[1:]}9") for pid in REFS]   # no answer; 'qqq': a key
+    assert extract_final_answer(rows[0].response_text) is None and rows[0].reward == 0
+    out = step(guard(), 1, {"peer": rows})
+    assert out["peer"] == [f"The answer is {i}9" for i in range(4)]                # an answer now, still reward 0
+    assert out["metrics"]["src/peer/screened_out"] == 0
