@@ -21,6 +21,15 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
 * **phrase** (:mod:`hacrl_fed.screens.phrases`): a word n-gram that recurs across one source's answers to
   different prompts of a step, and occurs neither in the prompts nor in the learner's own responses, is cut
   out of that source's rows (a payload recurs; honest reasoning is tied to its problem).
+* **key** (:mod:`hacrl_fed.screens.keys`): against a peer that has read these screens. A word the peers'
+  rows carry much more often than the learner itself writes it, counted over the whole run (decayed) and
+  over **all** sources together, is a *key* and is cut out of every foreign row that holds it (never inside
+  the final answer, never a word of the row's prompt). A short key (a domain, ``Final: 27``), a key behind a
+  lead-in that changes every row, a payload cut into short sentences, a key split between colluding sites
+  or dripped into one prompt per step are all the same statistic: the word's share of foreign prompt-groups
+  against its share of the learner's own. The learner emitting a key a few times does not unlock it (a
+  ratio, not "ever seen"). The phrase screen then never cuts a phrase every word of which the learner
+  writes as often as its peers (``so the answer is``: honest carrier phrases).
 * **answer tail** (:func:`hacrl_fed.screens.rules.tail_decision`): text after the final stated answer
   (:func:`hacrl_fed.reward.extract.answer_end`) longer than ``budget_bytes`` is cut there (``policy =
   "cut"``, after the answer's closing punctuation) or the row is rejected (``"reject"``); a response longer than ``max_length_factor`` × the
@@ -32,7 +41,8 @@ one bookkeeping rule, each a section of :class:`ScreenConfig` (``agent.screens``
   *flagged* step; ``downweight_after`` flagged steps among the last ``memory`` multiply its rows' advantages
   by ``downweight``, ``quarantine_after`` leave all its rows out; ``release_after_clean`` clean steps in a
   row (text screens and reward claims only: a quarantined source's rows are not scored) or the operator
-  (``screens.release``) lift it.
+  (``screens.release``) lift it. A released source is on probation: each quarantine doubles the clean steps
+  the next release needs, and one flagged step quarantines a source that was quarantined before.
 * **re-verification** (``reverify``): the site re-verifies every foreign row against the plan's reference
   answers with its own verifier; its verdict is what it trains on, whatever the coordinator said.
 
@@ -48,6 +58,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "KeyScreenConfig",
     "LikelihoodScreenConfig",
     "PhraseScreenConfig",
     "QuarantineConfig",
@@ -95,6 +106,44 @@ class PhraseScreenConfig(_Strict):
     """A phrase must occur in a source's rows of at least this many distinct prompts of the step …"""
     min_prompt_frac: Annotated[float, Field(gt=0, le=1)] = 0.75
     """… and of at least this share of the prompts the source answered in the step (rounded up)."""
+
+
+class KeyScreenConfig(_Strict):
+    """Key screen (module docstring, :mod:`hacrl_fed.screens.keys`). Units: prompt-groups (one step's rows for
+    one prompt), steps.
+
+    A word w (lower-cased ``\\w+`` run, at most ``max_word_chars`` characters counted) is a key when, with
+    F(w) / N_F its decayed count / share of the foreign prompt-groups holding it outside the prompt's own words
+    (all sources pooled) and O(w) / N_O the same over the learner's own responses:
+    F(w) ≥ ``min_prompts`` and F(w)/N_F ≥ ``min_rate`` and P(w) < ``own_ratio`` × F(w)/N_F, with P(w) the
+    learner's peak own rate over the run (``own_prior_groups``).
+    Defaults: a key the attacker puts in one of four prompts per step (rate 0.25) is a key from its third
+    prompt-group on; a word the learner writes in at least a quarter as many prompts as its peers never is.
+    """
+
+    enabled: bool = True
+    min_prompts: Annotated[float, Field(gt=0)] = 2.5
+    """Decayed foreign prompt-groups holding the word before it can be a key: 2.5 is the third group (three in
+    a row count 1 + 0.99 + 0.98 = 2.97), so the first two pass (the bounded exposure to a new key)."""
+    min_rate: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """Least share of the foreign prompt-groups holding the word (below: too rare to be learned as a key)."""
+    own_ratio: Annotated[float, Field(gt=0, le=1)] = 0.25
+    """The word is the learner's own when its own rate is at least this × its foreign rate."""
+    own_prior_groups: Annotated[float, Field(ge=0)] = 4.0
+    """Pseudo-groups added to the learner's own denominator for its peak rate P(w) = max over steps of
+    O(w) / (N_O + this): one emission among the first 4 groups is a peak of 0.125, not 0.25 (the ratchet), and a
+    word in all 4 is 0.5."""
+    number_digits: Annotated[int, Field(ge=0)] = 0
+    """A word of ASCII digits only, at most this long, is never a key (0: every number can be, the default). 3
+    spares an honest peer's intermediate results (on the real pair ``6`` alone was cut from 25 of Gemma's 96
+    rows) but lets a fixed answer-format line of the learner's own words and a small number through
+    (``Final: 27`` where the learner writes "final" itself: 20 of mallory's 96 rows kept it)."""
+    decay: Annotated[float, Field(gt=0, le=1)] = 0.99
+    """Per-step multiplier of every count (memory ≈ 1 / (1 − decay) = 100 steps; 1: no decay)."""
+    max_words: Annotated[int, Field(ge=16)] = 50_000
+    """Words the ledger keeps per side (the lowest counts are dropped past it): bounded state and CPU."""
+    max_word_chars: Annotated[int, Field(ge=8)] = 64
+    """A longer word is counted by its first this many characters."""
 
 
 class TailScreenConfig(_Strict):
@@ -146,6 +195,7 @@ class ScreenConfig(_Strict):
     """Re-verify every foreign row with the site's own verifier; its verdict is the reward trained on."""
     likelihood: LikelihoodScreenConfig = Field(default_factory=LikelihoodScreenConfig)
     phrase: PhraseScreenConfig = Field(default_factory=PhraseScreenConfig)
+    key: KeyScreenConfig = Field(default_factory=KeyScreenConfig)
     tail: TailScreenConfig = Field(default_factory=TailScreenConfig)
     quarantine: QuarantineConfig = Field(default_factory=QuarantineConfig)
     release: list[str] = Field(default_factory=list)

@@ -25,7 +25,9 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
 * ``screens[j]``: what learner k's screens did to j's rows (:mod:`hacrl_fed.algo.screens`): ``screen_rows``
   seen, ``screened_rows`` (cut or left out: ``screened_tail_cut`` / ``screened_tail_reject`` /
   ``screened_length`` / ``screened_likelihood``), ``screened_phrase_cut`` (trained with a phrase recurring
-  across j's answers to different prompts cut out), ``quarantined_rows`` (not trained: j quarantined),
+  across j's answers to different prompts cut out), ``screened_key_cut`` (trained with a key word cut out:
+  a word the foreign rows carry over the run far more often than k writes it, :mod:`hacrl_fed.screens.keys`),
+  ``quarantined_rows`` (not trained: j quarantined),
   ``coordinator_disagreements`` (rewards the coordinator gave that k's own verifier contradicts; k trains on
   its own verdict), ``claim_disagreements`` (j's own reward claims k's verifier contradicts), ``standing``
   (0 trusted, 1 down-weighted, 2 quarantined) and ``ll_per_byte`` (mean learner log-likelihood per byte).
@@ -51,7 +53,7 @@ from typing import Any
 __all__ = ["build_report", "plot_report", "read_metrics", "render_markdown", "summary_table", "write_report"]
 
 _SCREEN_KEYS = ("screen_rows", "screened_rows", "screened_out", "screened_tail_cut", "screened_tail_reject", "screened_length",
-                "screened_likelihood", "screened_phrase_cut", "quarantined_rows", "coordinator_disagreements", "claim_disagreements",
+                "screened_likelihood", "screened_phrase_cut", "screened_key_cut", "quarantined_rows", "coordinator_disagreements", "claim_disagreements",
                 "standing", "ll_per_byte")
 _CROSS_KEYS = ("s_mean", "s_min", "s_max", "clip_low", "clip_high", "rows", "adv_abs_mean", "grad_frac",
                "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated", "screen_rows")
@@ -361,13 +363,13 @@ def _md_screens(report: Mapping[str, Any]) -> list[str]:
     rows = [[f"{j}→{k}", _f(t.get("screen_rows"), ".0f"), _f(t.get("screened_tail_cut"), ".0f"),
              _f(t.get("screened_tail_reject"), ".0f"), _f(t.get("screened_length"), ".0f"),
              _f(t.get("screened_likelihood"), ".0f"), _f(t.get("screened_phrase_cut"), ".0f"),
-             _f(t.get("quarantined_rows"), ".0f"), _f(t.get("screened_out"), ".0f"),
+             _f(t.get("screened_key_cut"), ".0f"), _f(t.get("quarantined_rows"), ".0f"), _f(t.get("screened_out"), ".0f"),
              _f(t.get("coordinator_disagreements"), ".0f"), _f(t.get("claim_disagreements"), ".0f"),
              standing.get(t.get("standing"), "-")] for (k, j), t in sorted(total.items())]
     lines = ["## Screens", "", "What each learner's screens did to each source's rows over the run (metric glossary: "
              "`screens`); every screened row is a line of the worker's log with its reason.", ""]
     lines += _md_table(["source→learner", "rows", "tail cut", "tail rejected", "too long", "likelihood",
-                        "phrase cut", "quarantined rows", "left out", "coordinator disagreements", "claim disagreements", "last standing"], rows)
+                        "phrase cut", "key cut", "quarantined rows", "left out", "coordinator disagreements", "claim disagreements", "last standing"], rows)
     refused = [f"* step {s['step']}, {k}: {line}" for s in report["steps"] for k, a in s["agents"].items()
                for line in a.get("refused") or [] if "quarantined by this site" in line]
     return lines + (refused[:20] + [""] if refused else [])

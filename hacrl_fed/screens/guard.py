@@ -5,13 +5,15 @@ windows of the learner log-likelihood per byte, the learner's own window, each s
 applies their decisions to one training step of :class:`hacrl_fed.worker.trainer.Trainer`::
 
     begin_step → reverify (the site's verdict replaces the coordinator's reward) → screen_text (quarantine,
-    answer tail, length, recurring phrases) → [the HACPO update calls gate() per micro-batch with the learner log-probs it
+    answer tail, length, keys, recurring phrases) → [the HACPO update calls gate() per micro-batch with the learner log-probs it
     computed] → finish_step (per-source flags, down-weighting / quarantine, metrics, report lines)
 
 Every screened row is logged (``hacrl_fed.screens``) with its reason and counted in the step's metrics
 (``src/<agent>/screened_*``); quarantine changes are logged as warnings and a quarantined source's refusal
 is a line of the TrainReport's ``rejected``. :meth:`state_dict` / :meth:`load_state_dict` are plain JSON
-(stored in the worker's checkpoint, written atomically with it).
+(stored in the worker's checkpoint, written atomically with it); version 2 adds the key ledger
+(:mod:`hacrl_fed.screens.keys`) and each source's ``offences``; a version-1 state still loads (an empty
+ledger, no offences).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from hacrl_fed.algo.screens import ScreenConfig
 from hacrl_fed.reward.extract import answer_end, extract_final_answer
+from hacrl_fed.screens.keys import KeyLedger, cut_keys, words
 from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams
 from hacrl_fed.screens.rules import (
     SourceStanding,
@@ -44,7 +47,9 @@ __all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout", "rewrite_rollout"]
 
 log = logging.getLogger("hacrl_fed.screens")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+_READS = (1, 2)
+"""State versions :meth:`SiteGuard.load_state_dict` reads (1: before the key ledger and offences)."""
 _TOLERANCE = 1e-9
 _CLOSING = re.compile(r"[\s.,;:!?)\]}$*]{0,8}")
 """Closing punctuation right after an answer (``.``, ``$.``, ``**.``) that a cut keeps."""
@@ -136,6 +141,8 @@ class SiteGuard:
         self.own_window: deque[float] = deque(maxlen=cfg.likelihood.window)
         self.totals: dict[str, Counter] = {}
         """Cumulative counts per source over the run (the report's screen table)."""
+        self.ledger = KeyLedger()
+        """Run-long word counts, foreign (all sources) and own (:mod:`hacrl_fed.screens.keys`)."""
         self.step = 0
         self._counts: dict[str, Counter] = {}
         self._ll: dict[str, list[float]] = {}
@@ -246,8 +253,10 @@ class SiteGuard:
         for (pid, _), text in own_texts.items():
             own_bytes.setdefault(pid, []).append(len(text.lstrip().encode("utf-8")))
         step_bytes = [n for ns in own_bytes.values() for n in ns]
-        excluded = ({g for t in [*own_texts.values(), *(prompt_texts or {}).values()]
+        excluded = ({g for t in (prompt_texts or {}).values()
                      for g in word_ngrams(t, self.cfg.phrase.ngram_words)} if self.cfg.phrase.enabled else set())
+        licensed = self._observe_words(foreign, own_texts, prompt_texts or {})
+        keys = self._keys(foreign)
         out: dict[str, list[pb.Rollout]] = {}
         for src in sorted(foreign):
             kept: list[pb.Rollout] = []
@@ -271,6 +280,7 @@ class SiteGuard:
                 log.info("step %d: %s %s#%d: %s", self.step, src, r.prompt_id, r.sample_index, d.reason)
                 if d.action == "cut":
                     kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
+            kept = self._cut_keys(src, kept, keys, licensed, styles)
             kept = self._cut_recurring(src, kept, excluded, styles)
             weight = self.weight(src)
             if weight == 0.0:
@@ -282,9 +292,71 @@ class SiteGuard:
             out[src] = kept
         return out
 
+    def _observe_words(self, foreign: Mapping[str, Sequence[pb.Rollout]], own_texts: Mapping[tuple[str, int], str],
+                       prompt_texts: Mapping[str, str]) -> dict[str, set[str]]:
+        """Add the step's prompt-groups to the key ledger (foreign: every source's rows of a prompt together;
+        own: the learner's samples of a prompt; a prompt's own words left out of both). Returns prompt id → the
+        prompt's words (licensed in its rows)."""
+        kc = self.cfg.key
+        licensed = {pid: words(t, kc.max_word_chars) for pid, t in prompt_texts.items()}
+        foreign_groups: dict[str, set[str]] = {}
+        for rows in foreign.values():
+            for r in rows:
+                foreign_groups.setdefault(r.prompt_id, set()).update(words(r.response_text, kc.max_word_chars))
+        own_groups: dict[str, set[str]] = {}
+        for (pid, _), text in own_texts.items():
+            own_groups.setdefault(pid, set()).update(words(text, kc.max_word_chars))
+        self.ledger.observe([g - licensed.get(p, set()) for p, g in foreign_groups.items()],
+                            [g - licensed.get(p, set()) for p, g in own_groups.items()], kc)
+        return licensed
+
+    def _keys(self, foreign: Mapping[str, Sequence[pb.Rollout]]) -> set[str]:
+        """The keys among the words of the step's foreign rows (:meth:`KeyLedger.is_key`); empty when the key
+        screen is off."""
+        kc = self.cfg.key
+        if not kc.enabled:
+            return set()
+        seen = {w for rows in foreign.values() for r in rows for w in words(r.response_text, kc.max_word_chars)}
+        return {w for w in seen if self.ledger.is_key(w, kc)}
+
+    def _cut_keys(self, src: str, rows: list[pb.Rollout], keys: set[str], licensed: Mapping[str, set[str]],
+                  styles: Mapping[str, str]) -> list[pb.Rollout]:
+        """``rows`` of ``src`` with every key cut out (:func:`hacrl_fed.screens.keys.cut_keys`; never inside the
+        final answer, never a word of the row's prompt); counted (``screened_key_cut``, ``keys_cut``) and logged;
+        a rewarded row whose final answer the cut would change is left out (its reward was for the other answer;
+        an unrewarded row is trained cut, still unrewarded: on the real pair a wrong Gemma row with an unclosed
+        ``\\boxed{n. \\l`` lost its answer to the cut of ``n`` and ``l``). No quarantine flag: an honest peer's house
+        word is a key too, and the cut is the defence (the ledger is never released)."""
+        if not keys or not rows:
+            return rows
+        out, found = [], set()
+        for r in rows:
+            content = r.response_text.lstrip()
+            style = styles.get(r.prompt_id) or "boxed"
+            kept = cut_keys(content, keys, self.cfg.key.max_word_chars, _answer_span(content, style),
+                            licensed.get(r.prompt_id, set()))
+            if kept == content:
+                out.append(r)
+                continue
+            found |= keys & words(content, self.cfg.key.max_word_chars)
+            self._count(src, "screened_key_cut")
+            if r.reward > 0 and _final_answer(kept, style) != _final_answer(content, style):
+                self._screened_row(src, (r.prompt_id, int(r.sample_index)), r.reward > 0, out=True)
+                log.info("step %d: %s %s#%d: a key holds its answer: left out", self.step, src, r.prompt_id,
+                         r.sample_index)
+                continue
+            out.append(rewrite_rollout(r, kept))
+        if found:
+            self._count(src, "keys_cut", len(found))
+            shown = sorted(found)
+            log.info("step %d: %s: %d key word(s) cut: %s", self.step, src, len(found),
+                     ", ".join(repr(x) for x in shown[:8]) + (" …" if len(shown) > 8 else ""))
+        return out
+
     def _cut_recurring(self, src: str, rows: list[pb.Rollout], excluded: set, styles: Mapping[str, str]
                        ) -> list[pb.Rollout]:
-        """``rows`` of ``src`` with its recurring phrases of the step cut out (:func:`recurring_phrases`),
+        """``rows`` of ``src`` with its recurring phrases of the step cut out (:func:`recurring_phrases`; not
+        one every word of which is the learner's own, :meth:`KeyLedger.own_common`: an honest carrier phrase),
         never inside the final answer; counted (``screened_phrase_cut``, ``phrases_cut``) and logged, but no
         flag for the quarantine: a cut row is still trained. A row whose final answer the cut would change
         (the phrase holds it) is left out instead."""
@@ -295,7 +367,9 @@ class SiteGuard:
         by_prompt: dict[str, list[str]] = {}
         for r in rows:
             by_prompt.setdefault(r.prompt_id, []).append(r.response_text)
-        phrases = recurring_phrases(by_prompt, excluded, cfg)
+        kc = self.cfg.key
+        phrases = {g for g in recurring_phrases(by_prompt, excluded, cfg)
+                   if not all(self.ledger.own_common(w[:kc.max_word_chars], kc) for w in g)}
         if not phrases:
             return rows
         out = []
@@ -387,6 +461,7 @@ class SiteGuard:
             total["flagged_steps"] += flagged
             for name in ("rows", "rewarded_rows", "rewarded_screened", "reverified", "claim_disagreements", "coordinator_disagreements",
                          "site_verifier_errors", "screened_likelihood", "screened_phrase_cut", "phrases_cut",
+                         "screened_key_cut", "keys_cut",
                          "screened_tail_cut", "screened_tail_reject",
                          "screened_length", "quarantined_rows"):
                 metrics[f"src/{src}/{name}" if name != "rows" else f"src/{src}/screen_rows"] = float(c[name])
@@ -424,45 +499,56 @@ class SiteGuard:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state: standings, likelihood windows, cumulative counts."""
+        """JSON-able state: standings, likelihood windows, cumulative counts, the key ledger."""
         return {"version": STATE_VERSION, "step": self.step,
                 "standing": {s: {**asdict(v), "flags": list(v.flags), "history": list(v.history)}
                              for s, v in self.standing.items()},
                 "windows": {s: list(w) for s, w in self.windows.items()}, "own_window": list(self.own_window),
-                "totals": {s: dict(c) for s, c in self.totals.items()}}
+                "totals": {s: dict(c) for s, c in self.totals.items()}, "keys": self.ledger.state()}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         """Restore :meth:`state_dict` output (None or an empty mapping: a fresh guard). Raises ``ValueError``
-        (the guard unchanged) for another state version or a malformed state."""
+        (the guard unchanged) for a state version other than 1 or 2 or a malformed state. A version-1 state
+        (before the key ledger) loads with an empty ledger and no offences."""
         if state is None or (isinstance(state, Mapping) and not state):
             return
         if not isinstance(state, Mapping):
             raise ValueError(f"screen state is a {type(state).__name__}, not a mapping")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"screen state version {str(state.get('version'))[:40]!r}, expected {STATE_VERSION}")
+        version = state.get("version")
+        if isinstance(version, bool) or version not in _READS:
+            raise ValueError(f"screen state version {str(version)[:40]!r}, expected one of {_READS}")
         n = self.cfg.likelihood.window
         try:
             step = int(state.get("step", 0))
             standing = {str(s): SourceStanding(status=_status(v["status"]), flags=tuple(bool(f) for f in v["flags"]),
                                                clean_run=int(v["clean_run"]), since_step=int(v["since_step"]),
-                                               reason=str(v["reason"]), history=tuple(str(h) for h in v["history"]))
+                                               reason=str(v["reason"]), history=tuple(str(h) for h in v["history"]),
+                                               offences=_offences(v["offences"] if version >= 2 else 0))
                         for s, v in dict(state.get("standing", {})).items()}
             windows = {str(s): deque((float(x) for x in w), maxlen=n)
                        for s, w in dict(state.get("windows", {})).items()}
             own_window = deque((float(x) for x in state.get("own_window", [])), maxlen=n)
             totals = {str(s): Counter({str(k): _count(x) for k, x in dict(c).items()})
                       for s, c in dict(state.get("totals", {})).items()}
+            ledger = KeyLedger.from_state(state["keys"], self.cfg.key) if version >= 2 else KeyLedger()
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             why = " ".join(str(err).split())[:200]
             raise ValueError(f"malformed screen state: {type(err).__name__}: {why}") from None
         self.step, self.standing, self.windows, self.own_window = step, standing, windows, own_window
-        self.totals = totals
+        self.totals, self.ledger = totals, ledger
 
 
 def _status(value: Any) -> str:
     """A source standing's status read back from a saved state. Raises ValueError for any other value."""
     if value not in ("trusted", "downweighted", "quarantined"):
         raise ValueError(f"unknown standing status {str(value)[:40]!r}")
+    return value
+
+
+def _offences(value: Any) -> int:
+    """A source's offences read back from a saved state. Raises ValueError for anything but an int ≥ 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"offences {str(value)[:40]!r} is not an int >= 0")
     return value
 
 

@@ -172,6 +172,8 @@ class SourceStanding:
     """Why the last change happened (log and report)."""
     history: tuple[str, ...] = field(default=())
     """Every change as ``"step N: status (reason)"``, oldest first (at most 32 kept)."""
+    offences: int = 0
+    """Times the source was quarantined in the run (never reset, not even by a release): its probation."""
 
     def weight(self, cfg: QuarantineConfig) -> float:
         """Multiplier of the source's rows' advantages: 1, ``cfg.downweight`` or 0 (quarantined)."""
@@ -201,8 +203,11 @@ def quarantine_step(standing: SourceStanding, flagged: bool, reason: str, step: 
     """The source's standing after one more step (``flagged`` with ``reason``, at ``step``).
 
     trusted / down-weighted: ``quarantine_after`` flags among the last ``memory`` steps ⇒ quarantined,
-    ``downweight_after`` ⇒ down-weighted, none ⇒ trusted. Quarantined: stays until ``release_after_clean``
-    clean steps in a row (then trusted with a clean memory; 0 ⇒ only :func:`release`). Disabled: unchanged.
+    ``downweight_after`` ⇒ down-weighted, none ⇒ trusted. Quarantined: stays until
+    ``release_after_clean`` × 2^min(10, offences − 1) clean steps in a row (then trusted with a clean memory; 0 ⇒
+    only :func:`release`). Probation: a source quarantined before (``offences`` ≥ 1) is quarantined again by
+    one flagged step — without it, an attacker alternating ``quarantine_after`` flagged steps with
+    ``release_after_clean`` clean ones would be trusted most of the run. Disabled: unchanged.
     """
     if not cfg.enabled:
         return standing
@@ -211,11 +216,13 @@ def quarantine_step(standing: SourceStanding, flagged: bool, reason: str, step: 
     out = replace(standing, flags=flags, clean_run=clean_run)
     n = sum(flags)
     if standing.status == "quarantined":
-        if cfg.release_after_clean and clean_run >= cfg.release_after_clean:
+        need = cfg.release_after_clean * 2 ** min(10, max(0, standing.offences - 1))
+        if cfg.release_after_clean and clean_run >= need:
             return replace(_moved(out, "trusted", step, f"{clean_run} clean steps"), flags=(), clean_run=0)
         return out
-    if n >= cfg.quarantine_after:
-        return _moved(out, "quarantined", step, f"{n} flagged steps of the last {len(flags)}: {reason}")
+    if n >= (1 if standing.offences else cfg.quarantine_after):
+        why = "on probation" if standing.offences else f"{n} flagged steps of the last {len(flags)}"
+        return replace(_moved(out, "quarantined", step, f"{why}: {reason}"), offences=standing.offences + 1)
     if n >= cfg.downweight_after and standing.status != "downweighted":
         return _moved(out, "downweighted", step, f"{n} flagged step(s) of the last {len(flags)}: {reason}")
     if n == 0 and standing.status == "downweighted":

@@ -57,7 +57,7 @@ def test_rows_a_screen_left_out_count_as_not_reaching_the_gradient(tmp_path):
     step1 = next(line for line in md.splitlines() if line.startswith("| 1 |"))
     assert "gemma3→smollm2 0.500 (50.0%/0.0%, 2/8)" in step1
     screens = next(line for line in md.splitlines() if line.startswith("| gemma3→smollm2"))
-    assert screens.split(" | ")[1] == "16" and screens.split(" | ")[8] == "3"   # rows seen, left out
+    assert screens.split(" | ")[1] == "16" and screens.split(" | ")[9] == "3"   # rows seen, left out
 
 
 def test_without_screen_metrics_the_trained_and_truncated_rows_are_the_rows_received(tmp_path):

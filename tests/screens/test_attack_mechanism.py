@@ -89,3 +89,22 @@ def test_a_rescoring_attacker_reports_the_victims_own_logprobs(attack):
     # the scaled attacker's sums are off by nats (the rewritten bytes at the generated text's mean rate)
     assert max(abs(a.behaviour_logprob_sum - b.behaviour_logprob_sum)
                for a, b in zip(scaled.rollouts, rescored.rollouts)) > 1.0
+
+
+def test_adaptive_variants_target_their_prompts_and_vary_the_lead_in():
+    plan = type("Plan", (), {"prompts": [type("P", (), {"prompt_id": f"p{i}"})() for i in range(4)]})()
+    assert ap.targets(plan, "drip") == {"p0"} and ap.targets(plan, "half") == {"p0", "p2"}
+    assert ap.targets(plan, "short") == {"p0", "p1", "p2", "p3"}
+    text = "2 + 3 = 5. So the answer is \\boxed{5}."
+    leads = {ap.poison_text(text, "leadin", salt=k).split(ap.LEADIN_KEY)[0] for k in range(64)}
+    assert len(leads) == 64                                    # no lead-in repeats across 64 rows
+    assert ap.poison_text(text, "format").endswith("\\boxed{5}. Final: 27")
+    assert len(" Final: 27".encode()) <= 32                   # under the tail screen's budget
+
+
+def test_the_mix_variant_gives_each_prompt_all_four_keys():
+    text = "2 + 3 = 5. So the answer is \\boxed{5}."
+    rows = [ap.poison_text(text, "mix", salt=k) for k in range(4)]
+    assert [any(ap.marker(v) in r for r in rows) for v in ap.MIX] == [True] * 4
+    after = {"a": [True, rows[1]], "b": [True, text]}
+    assert ap.emission(after, "mix") == 0.5 and ap.emission(after, "split") == 0.5 and ap.emission(after, "short") == 0

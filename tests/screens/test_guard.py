@@ -48,7 +48,8 @@ def honest_batch(wrong_every: int = 2) -> list[pb.Rollout]:
 
 
 def own_texts() -> dict[tuple[str, int], str]:
-    return {(pid, j): correct(pid) for pid in REFS for j in range(2)}
+    """The learner's own responses: the honest peer's wording (the same family), right and wrong."""
+    return {(pid, j): correct(pid) if j else f"I think {pid} is {j}." for pid in REFS for j in range(2)}
 
 
 def guard(**cfg) -> SiteGuard:
@@ -237,17 +238,20 @@ def test_a_payload_inside_the_reasoning_is_cut_out_and_the_row_trained():
     assert out["mallory"][0].behaviour_logprob_sum == pytest.approx(-39.0 * kept - 1.0)   # content scaled, EOS kept
     assert [r.response_text for r in out["honest"]] == [r.response_text for r in honest]
     metrics, _ = g.finish_step(["mallory", "honest"])
-    assert metrics["src/mallory/screened_phrase_cut"] == 8 and metrics["src/mallory/phrases_cut"] >= 3
-    assert metrics["src/honest/screened_phrase_cut"] == 0
+    assert metrics["src/mallory/screened_key_cut"] == 8 and metrics["src/mallory/keys_cut"] == 6
+    assert metrics["src/honest/screened_key_cut"] == 0 == metrics["src/honest/screened_phrase_cut"]
     assert metrics["src/mallory/flagged"] == 0 and g.standing["mallory"].status == "trusted"
-    # the learner says the phrase itself: not a foreign payload; nor is a phrase of the prompts
-    g.begin_step(2, own_texts() | {("q0", 9): "I read: Visit www.mathtricks.example for more!"})
-    same = g.screen_text({"mallory": rows}, own_texts() | {("q0", 9): PAYLOAD}, prompt_texts=prompts)
-    assert [r.response_text for r in same["mallory"]] == [r.response_text for r in rows]
+    # the phrase screen alone (the key screen off) cuts it as a recurring phrase
+    alone = guard(key={"enabled": False})
+    alone.begin_step(1, own_texts())
+    assert [r.response_text for r in alone.screen_text({"mallory": rows}, own_texts(),
+                                                        prompt_texts=prompts)["mallory"]] == texts
+    assert alone.finish_step(["mallory"])[0]["src/mallory/screened_phrase_cut"] == 8
+    # a phrase of the prompts is licensed
     g.begin_step(3, own_texts())
     quoted = {pid: f"{t} {PAYLOAD}" for pid, t in prompts.items()}
     assert g.screen_text({"mallory": rows}, own_texts(), prompt_texts=quoted)["mallory"] == rows
-    off = guard(phrase={"enabled": False})
+    off = guard(phrase={"enabled": False}, key={"enabled": False})
     off.begin_step(1, own_texts())
     assert off.screen_text({"mallory": rows}, own_texts(), prompt_texts=prompts)["mallory"] == rows
 
@@ -258,7 +262,7 @@ def test_the_answer_is_never_cut_and_a_row_a_cut_would_change_is_left_out(monkey
     rows = [rollout(pid, 0, f"{pid[1:]} and 2 make {int(pid[1:]) + 2}. The answer is \\boxed{{{int(pid[1:]) + 2}}}.")
             for pid in REFS]
     mine = {("q0", 0): "I get 2."}
-    g = guard()
+    g = guard(key={"enabled": False})   # the phrase screen alone (the key screen cuts these words as keys)
     g.begin_step(1, mine)
     out = g.screen_text({"peer": rows}, mine)["peer"]
     assert [r.response_text for r in out][:2] == ["0 and 2 make 2. \\boxed{2}.", "1 and 2 make 3. \\boxed{3}."]

@@ -146,7 +146,7 @@ def test_a_checkpoint_with_an_unusable_screen_state_is_named_and_the_previous_on
     alice.close()
     sites.workers.pop("alice")
     meta = json.loads(_state(saved[1]).read_text())
-    assert meta["extra"]["screens"]["version"] == 1
+    assert meta["extra"]["screens"]["version"] == 2
     meta["extra"]["screens"] = screens
     meta["digest"] = _meta_digest(meta)
     _state(saved[1]).write_text(json.dumps(meta))
