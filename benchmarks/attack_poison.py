@@ -4,7 +4,7 @@ Set-up (every agent runs the production worker code in one process, :mod:`inproc
 validation, re-verification and capability table; no Flower transport):
 
 * the **victim** (the config's first agent) trains with HACPO on the pooled rollouts, screens on or off
-  (``agent.screens``, :mod:`hacrl_fed.algo.screens`);
+  (``agent.screens``, :mod:`hacrl_fed.screen_config`);
 * a **malicious site** ``mallory`` (a copy of the victim's model, a real authenticated site with its own key)
   generates as usual, then rewrites its *correct* responses and signs the result. Variants:
   ``tail``    — a fixed payload sentence appended after the answer;
@@ -242,7 +242,7 @@ class Attack:
     def run_cell(self, *, variant: str, screens: bool, seed: int, steps: int, oracle: bool,
                  eval_items, eval_tokens: int, rescore: bool = False) -> dict:
         from hacrl_fed.algo.capability import CapabilityTracker
-        from hacrl_fed.algo.screens import ScreenConfig
+        from hacrl_fed.screen_config import ScreenConfig
         from hacrl_fed.data.sampler import PromptSampler
         from hacrl_fed.protocol.envelope import sign_batch
         from hacrl_fed.screens import SiteGuard

@@ -49,7 +49,7 @@ def _plan(step: int, problems, batch):
 
 def replay(variant: str, cache: Path, steps: int, honest: str, problems_by_step) -> dict[str, float]:
     """Totals over ``steps`` of what the default screens did to ``honest``'s and mallory's rows for ``variant``."""
-    from hacrl_fed.algo.screens import ScreenConfig
+    from hacrl_fed.screen_config import ScreenConfig
     from hacrl_fed.screens import SiteGuard
 
     g = SiteGuard("victim", ScreenConfig())

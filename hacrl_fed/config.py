@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
-from hacrl_fed.algo.screens import ScreenConfig
+from hacrl_fed.screen_config import ScreenConfig
 
 __all__ = [
     "AgentConfig",
@@ -305,7 +305,7 @@ class AgentConfig(Strict):
     ``algo.baseline_guard`` to the largest total reward (the guard is meant for rewards in [0, 1])."""
     screens: ScreenConfig = Field(default_factory=ScreenConfig)
     """What this site checks in its peers' rows before training on them: its own re-verification, the likelihood
-    and answer-tail screens, per-source quarantine (:mod:`hacrl_fed.algo.screens`, :mod:`hacrl_fed.screens`; on by default)."""
+    and answer-tail screens, per-source quarantine (:mod:`hacrl_fed.screen_config`, :mod:`hacrl_fed.screens`; on by default)."""
     private_key: str | None = None
     """Ed25519 private key file (``hacrl-fed keys gen``); generated into the run directory if unset."""
     roster: str | None = None

@@ -22,7 +22,7 @@ Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` →
   ``rows`` + ``dropped_truncated``); ``rows`` are those k trained on, after its screens and truncation.
 * ``peer_grad_frac`` (per agent): share of all peer rows the agent received over the run that reached its
   gradient; rows its screens or the truncation rule left out count as not reached.
-* ``screens[j]``: what learner k's screens did to j's rows (:mod:`hacrl_fed.algo.screens`): ``screen_rows``
+* ``screens[j]``: what learner k's screens did to j's rows (:mod:`hacrl_fed.screen_config`): ``screen_rows``
   seen, ``screened_rows`` (cut or left out: ``screened_tail_cut`` / ``screened_tail_reject`` /
   ``screened_length`` / ``screened_likelihood``), ``screened_phrase_cut`` (trained with a phrase recurring
   across j's answers to different prompts cut out), ``screened_key_cut`` (trained with a key word cut out:

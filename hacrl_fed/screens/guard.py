@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from hacrl_fed.algo.screens import ScreenConfig
+from hacrl_fed.screen_config import ScreenConfig
 from hacrl_fed.reward.extract import answer_end, extract_final_answer
 from hacrl_fed.screens.keys import KeyLedger, cut_keys, words
 from hacrl_fed.screens.phrases import cut_phrases, recurring_phrases, word_ngrams

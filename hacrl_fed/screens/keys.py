@@ -22,7 +22,7 @@ foreign count F(w) over N_F foreign groups and own count O(w) over N_O own group
     F(w) ≥ min_prompts   and   F(w)/N_F ≥ min_rate   and   P(w) < own_ratio · F(w)/N_F
 
 where P(w) is the learner's **peak** own rate over the run, max over steps of O(w) / (N_O + ``own_prior_groups``)
-(:meth:`KeyLedger.is_key`; settings :class:`hacrl_fed.algo.screens.KeyScreenConfig`). A key is cut out of
+(:meth:`KeyLedger.is_key`; settings :class:`hacrl_fed.screen_config.KeyScreenConfig`). A key is cut out of
 every foreign row: the whole whitespace-delimited token that holds it (``example-attack.org`` goes even if
 only ``attack`` is a key), never inside the final answer (:func:`cut_keys`). The same ledger tells the phrase
 screen which words are the learner's own (:meth:`KeyLedger.own_common`): a recurring phrase made only of them
@@ -30,7 +30,7 @@ screen which words are the learner's own (:meth:`KeyLedger.own_common`): a recur
 
 Numbers are words like any other by default: a fixed ``27`` is what keeps ``Final: 27`` a key when the learner
 writes "final" itself. The price is an honest peer's recurring small numbers (on the real pair ``6`` was cut
-from 25 of Gemma's 96 rows); ``number_digits`` trades it back (module :mod:`hacrl_fed.algo.screens`).
+from 25 of Gemma's 96 rows); ``number_digits`` trades it back (module :mod:`hacrl_fed.screen_config`).
 
 What it cannot stop: a payload made only of words the learner itself writes about as often as its peers (an
 ordinary sentence: by counting it is honest style); a key below ``min_rate`` of the foreign groups (its share
@@ -50,7 +50,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from hacrl_fed.algo.screens import KeyScreenConfig
+from hacrl_fed.screen_config import KeyScreenConfig
 
 __all__ = ["KeyLedger", "cut_keys", "words"]
 

@@ -15,7 +15,7 @@ Why recurrence and not likelihood: per-row and per-span learner likelihood canno
 honest cross-family text (``benchmarks/calibrate_screens.py``: a model's own temperature-1 samples hold
 runs as unlikely as the payload). An extension beyond arXiv 2511.09780, whose screens a "long but correct"
 answer survived: a filler repeated across answers is a recurring phrase too. Settings:
-:class:`hacrl_fed.algo.screens.PhraseScreenConfig`.
+:class:`hacrl_fed.screen_config.PhraseScreenConfig`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from hacrl_fed.algo.screens import PhraseScreenConfig
+from hacrl_fed.screen_config import PhraseScreenConfig
 
 __all__ = ["Phrase", "cut_phrases", "recurring_phrases", "word_ngrams"]
 

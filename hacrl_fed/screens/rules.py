@@ -1,6 +1,6 @@
 """The screens' statistics and decisions (pure, no I/O): likelihood, answer tail and length, quarantine.
 
-What each decides, why, and the sources are the module docstring of :mod:`hacrl_fed.algo.screens` (the
+What each decides, why, and the sources are the module docstring of :mod:`hacrl_fed.screen_config` (the
 settings, beside the other TOML sections); :class:`hacrl_fed.screens.SiteGuard` applies them to a step.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from hacrl_fed.algo.screens import LikelihoodScreenConfig, QuarantineConfig, TailScreenConfig
+from hacrl_fed.screen_config import LikelihoodScreenConfig, QuarantineConfig, TailScreenConfig
 
 __all__ = [
     "LikelihoodDecision",

@@ -22,7 +22,7 @@ from functools import partial
 
 import pytest
 
-from hacrl_fed.algo.screens import ScreenConfig
+from hacrl_fed.screen_config import ScreenConfig
 from hacrl_fed.protocol.validation import max_response_chars
 from hacrl_fed.reward.extract import (
     _extract,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hacrl_fed.algo.screens import QuarantineConfig
+from hacrl_fed.screen_config import QuarantineConfig
 from hacrl_fed.reward.extract import extract_final_answer
 from tests.screens.test_guard import REFS, correct, guard, honest_batch, own_texts, rollout
 
@@ -178,7 +178,7 @@ def test_the_key_screen_is_cpu_bounded_at_the_length_cap(name):
 
 
 def test_the_ledger_is_bounded_and_decays():
-    from hacrl_fed.algo.screens import KeyScreenConfig
+    from hacrl_fed.screen_config import KeyScreenConfig
     from hacrl_fed.screens.keys import KeyLedger
 
     cfg = KeyScreenConfig(max_words=16, decay=0.5)

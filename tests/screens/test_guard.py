@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hacrl_fed.algo.screens import QuarantineConfig, ScreenConfig
+from hacrl_fed.screen_config import QuarantineConfig, ScreenConfig
 from hacrl_fed.reward.extract import extract_final_answer
 from hacrl_fed.screens import SiteGuard, cut_rollout
 from hacrl_fed.screens.guard import rewrite_rollout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hacrl_fed.algo.screens import (
+from hacrl_fed.screen_config import (
     LikelihoodScreenConfig,
     PhraseScreenConfig,
     QuarantineConfig,

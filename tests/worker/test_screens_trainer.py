@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from hacrl_fed.algo.screens import ScreenConfig
+from hacrl_fed.screen_config import ScreenConfig
 from hacrl_fed.protocol.envelope import sign_batch
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
