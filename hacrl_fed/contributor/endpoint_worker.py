@@ -34,14 +34,13 @@ from hacrl_fed.status import StatusFile
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.worker.agent import (MAX_ID_CHARS, MAX_SAMPLES_PER_PROMPT, _check_prompts, _show_notice,
-                                    generation_seed, sampling_from_proto)
+                                    generation_seed, sampling_from_proto, verify_samples)
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 
 __all__ = ["EndpointWorker", "endpoint_fingerprint"]
 
 log = logging.getLogger("hacrl_fed.worker")
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
-_VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
 
 
 def endpoint_fingerprint(url: str, model: str) -> str:
@@ -147,15 +146,7 @@ class EndpointWorker:
             return wpb.GenerateResponse(envelope=envelope, metrics=metrics)
 
     def _verify(self, prompts, samples) -> list[tuple[float, int]]:
-        zero_length = self.cfg.verifier.truncated_reward == "zero"
-        todo = [i for i, s in enumerate(samples) if not (zero_length and s.finish_reason == "length")]
-        items = [prompts[samples[i].prompt_index] for i in todo]
-        verdicts = self.verifier.verify([samples[i].text for i in todo], [p.reference_answer for p in items],
-                                        [p.answer_style or "boxed" for p in items], [p.text for p in items])
-        out = [(0.0, pb.INCORRECT)] * len(samples)
-        for i, v in zip(todo, verdicts):
-            out[i] = (float(v.reward), _VERDICT[v.verdict])
-        return out
+        return verify_samples(self.verifier, self.cfg.verifier.truncated_reward, prompts, samples)[0]
 
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
         """Refused: a rollout-only site has no weights to train (PreconditionError)."""

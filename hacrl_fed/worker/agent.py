@@ -57,6 +57,23 @@ _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 _VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
 
 
+def verify_samples(verifier, truncated_reward: str, prompts,
+                   samples) -> tuple[list[tuple[float, int]], dict[str, float]]:
+    """(reward, verdict enum) per sample, in order, with the site verifier; a response cut at the token limit gets
+    reward 0 unverified when ``truncated_reward = "zero"``. Also the verifier's ``verifier_timeouts`` /
+    ``verifier_retried`` counts of this call. ``prompts``: the plan's prompts (``reference_answer``,
+    ``answer_style``, ``text``); ``samples``: objects with ``text``, ``prompt_index``, ``finish_reason``."""
+    todo = [i for i, s in enumerate(samples) if not (truncated_reward == "zero" and s.finish_reason == "length")]
+    items = [prompts[samples[i].prompt_index] for i in todo]
+    verdicts = verifier.verify([samples[i].text for i in todo], [p.reference_answer for p in items],
+                               [p.answer_style or "boxed" for p in items], [p.text for p in items])
+    out = [(0.0, pb.INCORRECT)] * len(samples)
+    for i, v in zip(todo, verdicts):
+        out[i] = (float(v.reward), _VERDICT[v.verdict])
+    return out, {"verifier_timeouts": float(getattr(verdicts, "timeouts", 0)),
+                 "verifier_retried": float(getattr(verdicts, "retried", 0))}
+
+
 def sampling_from_proto(sp: pb.SamplingParams, default_max_new_tokens: int) -> Sampling:
     """Proto ``SamplingParams`` → :class:`Sampling`. Proto3 zeros mean unset: ``top_p`` 0 ⇒ 1,
     ``max_new_tokens`` 0 ⇒ ``default_max_new_tokens`` (temperature 0 is greedy). Raises
@@ -377,17 +394,9 @@ class AgentWorker:
             return wpb.GenerateResponse(envelope=envelope, metrics=metrics)
 
     def _verify(self, prompts, samples) -> tuple[list[tuple[float, int]], dict[str, float]]:
-        """(reward, verdict enum) per sample; truncated responses get 0 when ``truncated_reward = zero``.
-        Also the verifier's ``verifier_timeouts`` / ``verifier_retried`` counts of this call (metrics)."""
-        zero_length = self.cfg.verifier.truncated_reward == "zero"
-        todo = [i for i, s in enumerate(samples) if not (zero_length and s.finish_reason == "length")]
-        items = [prompts[samples[i].prompt_index] for i in todo]
-        verdicts = self.verifier.verify([samples[i].text for i in todo], [p.reference_answer for p in items],
-                                        [p.answer_style or "boxed" for p in items], [p.text for p in items])
-        out = [(0.0, pb.INCORRECT)] * len(samples)
-        for i, v in zip(todo, verdicts):
-            out[i] = (float(v.reward), _VERDICT[v.verdict])
-        return out, {"verifier_timeouts": float(verdicts.timeouts), "verifier_retried": float(verdicts.retried)}
+        """(reward, verdict enum) per sample (:func:`verify_samples`), and the verifier's ``verifier_timeouts`` /
+        ``verifier_retried`` counts of this call (metrics)."""
+        return verify_samples(self.verifier, self.cfg.verifier.truncated_reward, prompts, samples)
 
     def _batch(self, plan, sampling: Sampling, order, samples, verdicts) -> pb.RolloutBatch:
         batch = pb.RolloutBatch(
