@@ -9,8 +9,10 @@ a row can be under the largest ``max_new_tokens`` a shipped plan uses (``example
 to backtrack quadratically: long whitespace runs after a marker, an ``=`` or a word, trailing ``and``/``or``,
 punctuation and wrapper runs, many markers whose clauses are empty, many correction cues …
 
-Times are CPU seconds of this process (``time.process_time``), never wall time; a call still running at
-:data:`INTERRUPT_S` CPU seconds is interrupted (``SIGPROF``), so a regression fails fast instead of hanging.
+Times are CPU seconds of the calling thread (``time.thread_time``), never wall time and never the whole process's
+CPU time: threads other tests left running in this process (Flower's, torch's) must not count against a call. A
+call whose thread has spent :data:`INTERRUPT_S` CPU seconds is interrupted (``SIGPROF``, re-armed until the
+thread's own time is spent), so a regression fails fast instead of hanging.
 """
 
 from __future__ import annotations
@@ -113,16 +115,22 @@ STYLES = ("boxed", "gsm8k")
 
 
 def cpu_seconds(fn: Callable[[], object]) -> float:
-    """CPU seconds ``fn()`` took in this process; :data:`INTERRUPT_S` or more when it had to be interrupted."""
+    """CPU seconds ``fn()`` took in the calling thread; :data:`INTERRUPT_S` or more when it had to be interrupted."""
     class _Over(Exception):
         pass
 
-    def _raise(*_):
-        raise _Over
+    start = time.thread_time()
+
+    def _on_prof(*_):
+        # SIGPROF counts the whole process's CPU; raise only once this thread has spent its own INTERRUPT_S
+        spent = time.thread_time() - start
+        if spent >= INTERRUPT_S:
+            raise _Over
+        signal.setitimer(signal.ITIMER_PROF, INTERRUPT_S - spent)
 
     _extract.cache_clear()   # each call does all its own work
-    old = signal.signal(signal.SIGPROF, _raise)
-    start = time.process_time()
+    old = signal.signal(signal.SIGPROF, _on_prof)
+    start = time.thread_time()
     signal.setitimer(signal.ITIMER_PROF, INTERRUPT_S)
     try:
         fn()
@@ -131,7 +139,7 @@ def cpu_seconds(fn: Callable[[], object]) -> float:
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old)
-    return time.process_time() - start
+    return time.thread_time() - start
 
 
 def test_crafted_inputs_are_at_the_cap():
