@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import tomli_w
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"
@@ -33,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(HELPERS)]
 import fake_worker  # noqa: E402
 from fake_worker import FakeWorker  # noqa: E402
 from fedutil import make_federation  # noqa: E402
+from delivery_manifest import delivery_app_dir  # noqa: E402
 from relay import CuttingRelay  # noqa: E402
 
 from hacrl_fed.launch import processes as launch  # noqa: E402
@@ -59,21 +59,6 @@ def _env(home: Path) -> dict[str, str]:
     env = launch.flwr_env(home)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HELPERS)])
     return env
-
-
-def _app(root: Path, config: dict) -> Path:
-    app = root / "app"
-    app.mkdir()
-    manifest = {
-        "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
-        "project": {"name": "delivery-bench", "version": "0.1.0", "dependencies": []},
-        "tool": {"flwr": {"app": {"publisher": "hacrl-fed-bench",
-                                  "components": {"serverapp": "delivery_app:app",
-                                                 "clientapp": "hacrl_fed.flower.client_app:app"},
-                                  "config": config}}},
-    }
-    (app / "pyproject.toml").write_text(tomli_w.dumps(manifest), encoding="utf-8")
-    return app
 
 
 def _count(path: Path, text: str) -> int:
@@ -109,7 +94,8 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                                        root_certificates=None if tls is None else str(tls.ca_cert),
                                        node_config={"agent-name": name, "worker-address": address,
                                                     "worker-token-file": str(token_file)})
-            run_proc = launch.start_run(sup, _app(root, config), {}, env=_env(link_home))
+            app = delivery_app_dir(root, config, name="delivery-bench", publisher="hacrl-fed-bench")
+            run_proc = launch.start_run(sup, app, {}, env=_env(link_home))
             while not out.exists():
                 if not run_proc.alive() and not out.exists():
                     raise RuntimeError(f"flwr run exited ({run_proc.returncode}):\n{run_proc.tail(40)}")

@@ -24,34 +24,19 @@ import time
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 import fake_worker
 from fake_worker import FakeWorker
 from hacrl_fed.launch import processes as launch
 from hacrl_fed.launch.supervise import Supervisor, free_port
 from hacrl_fed.protocol.worker_token import write_token
+from delivery_manifest import delivery_app_dir
 from relay import CuttingRelay
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "tests" / "helpers"
 TIMEOUT_S = 180.0
 """The exchange's timeout: without the fix the test fails after this long."""
-
-
-def _app_dir(root: Path, out: Path) -> Path:
-    app = root / "app"
-    app.mkdir()
-    manifest = {
-        "build-system": {"requires": ["setuptools>=68"], "build-backend": "setuptools.build_meta"},
-        "project": {"name": "delivery-test", "version": "0.1.0", "dependencies": []},
-        "tool": {"flwr": {"app": {"publisher": "hacrl-fed-tests",
-                                  "components": {"serverapp": "delivery_app:app",
-                                                 "clientapp": "hacrl_fed.flower.client_app:app"},
-                                  "config": {"out-path": str(out), "timeout-s": TIMEOUT_S}}}},
-    }
-    (app / "pyproject.toml").write_text(tomli_w.dumps(manifest), encoding="utf-8")
-    return app
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -98,7 +83,9 @@ def _one_order(tmp_path: Path, address: str, token_file: Path, cut_path: str,
                                    node_config={"agent-name": "alice", "worker-address": address,
                                                 "worker-token-file": str(token_file)},
                                    env=_env(node_home), insecure=True)
-            launch.start_run(sup, _app_dir(tmp_path, out), {}, env=_env(link_home))
+            app = delivery_app_dir(tmp_path, {"out-path": str(out), "timeout-s": TIMEOUT_S},
+                                   name="delivery-test", publisher="hacrl-fed-tests")
+            launch.start_run(sup, app, {}, env=_env(link_home))
             _wait(lambda: all(e.is_set() for e in armed), f"the relay to cut {cuts} response(s) to {cut_path}", sup)
             _wait(out.exists, "the ServerApp's result", sup)
     (result,) = json.loads(out.read_text())
