@@ -17,6 +17,7 @@ thread's own time is spent), so a regression fails fast instead of hanging.
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
 from collections.abc import Callable
@@ -129,6 +130,8 @@ def cpu_seconds(fn: Callable[[], object]) -> float:
         signal.setitimer(signal.ITIMER_PROF, INTERRUPT_S - spent)
 
     _extract.cache_clear()   # each call does all its own work
+    gc.collect()   # a full collection of the suite's heap inside the call would count as the call's CPU
+    gc.disable()
     old = signal.signal(signal.SIGPROF, _on_prof)
     start = time.thread_time()
     signal.setitimer(signal.ITIMER_PROF, INTERRUPT_S)
@@ -139,7 +142,21 @@ def cpu_seconds(fn: Callable[[], object]) -> float:
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old)
+        gc.enable()
     return time.thread_time() - start
+
+
+def least_cpu_seconds(fn: Callable[[], object], tries: int = 3) -> float:
+    """The least of up to ``tries`` :func:`cpu_seconds` measurements, stopping at the first under :data:`BOUND_S`.
+
+    A backtracking pattern is slow on every try; a one-off stall of the calling thread (a page-fault storm on a
+    loaded machine) is not."""
+    best = cpu_seconds(fn)
+    for _ in range(tries - 1):
+        if best < BOUND_S:
+            break
+        best = min(best, cpu_seconds(fn))
+    return best
 
 
 def test_crafted_inputs_are_at_the_cap():
@@ -156,7 +173,7 @@ def test_extraction_is_cpu_bounded_at_the_cap(name):
     calls.update({fn.__name__: partial(fn, text)
                   for fn in (strip_formatting, find_corrections, last_boxed, normalize_latex, is_numeric_literal)})
     for what, call in calls.items():
-        s = cpu_seconds(call)
+        s = least_cpu_seconds(call)
         if s >= BOUND_S:
             slow[what] = round(s, 2)
     assert not slow, f"{name}: CPU seconds per call at {CAP} characters: {slow}"
@@ -176,5 +193,5 @@ def test_a_learners_text_screens_are_cpu_bounded_on_one_crafted_row(name):
     for style in STYLES:
         g = SiteGuard("me", ScreenConfig(tail={"enabled": False}))
         g.begin_step(1, own)
-        s = cpu_seconds(partial(g.screen_text, {"peer": rows}, own, {"q0": style, "q1": style}))
+        s = least_cpu_seconds(partial(g.screen_text, {"peer": rows}, own, {"q0": style, "q1": style}))
         assert s < 2 * BOUND_S, f"{name}/{style}: screen_text took {s:.2f} CPU s for 2 rows of {CAP} characters"
