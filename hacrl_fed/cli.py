@@ -436,6 +436,110 @@ def simulate_cmd(
     raise typer.Exit(result.exit_code)
 
 
+def route_eval_cmd(
+    model: list[str] = typer.Option(..., "--model", help="NAME=DIR_OR_URL: an exported model directory, hub id or "
+                                    "alias (run here) or an OpenAI-compatible base URL http(s)://…/v1. Repeat: two "
+                                    "or more."),
+    data: Path = typer.Option(..., "--data", help="Queries to route: .jsonl/.json/.parquet with problem and answer "
+                              "columns and a source column naming each query's task (optional), or a run's .toml "
+                              "config: its held-out problems, each with its task."),
+    eval_size: int | None = typer.Option(None, "--eval-size", min=1, help="With a .toml --data: held-out problems "
+                                         "per task (default: the config's data.eval_size)."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="Calibration queries (same format). "
+                                            "Default: --calibration-frac of --data, per task."),
+    calibration_frac: float = typer.Option(0.5, "--calibration-frac", min=0.01, max=0.99,
+                                           help="Share of each task of --data used to fit the policies when "
+                                                "--calibration is not given."),
+    out: Path = typer.Option(Path("runs/route"), "--out", help="route.json, route.md, route.png, router.json and "
+                             "each model's cached outcomes (a rerun reuses them)."),
+    k: int = typer.Option(10, "--k", min=1, help="Neighbours of the kNN router."),
+    embedder: str = typer.Option("tfidf", "--embedder", help="Query embedding: tfidf (scikit-learn, character "
+                                 "n-grams, nothing to download) or a local model directory (mean-pooled hidden "
+                                 "states)."),
+    cost: str = typer.Option("param_tokens", "--cost", help="What a policy saves: param_tokens (parameters × "
+                             "response tokens) | tokens | seconds (measured here)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", min=1, help="Generation cap per response."),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="Default: the system prompt an export "
+                                             "was trained with, else the training default."),
+    limit: int | None = typer.Option(None, "--limit", min=2, help="Use only the first N queries of --data."),
+    params: list[str] | None = typer.Option(None, "--params", help="NAME=135M: an endpoint's parameter count (local "
+                                            "models are counted)."),
+    api_model: list[str] | None = typer.Option(None, "--api-model", help="NAME=MODEL: the model name an endpoint "
+                                               "serves (default NAME)."),
+    api_key_env: list[str] | None = typer.Option(None, "--api-key-env", help="NAME=VAR: the environment variable "
+                                                 "holding that endpoint's API key."),
+    capability: Path | None = typer.Option(None, "--capability", help="A run's report.json: adds best_per_task "
+                                           "from the federation's per-task held-out accuracy (agent names = "
+                                           "--model names)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Queries per generate call of a local model."),
+    device: str = typer.Option("cpu", "--device", help="Where local models run."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", min=1.0, help="Seconds per endpoint request."),
+    seed: int = typer.Option(0, "--seed", help="Calibration split and bootstrap seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print route.json's summary as one JSON line."),
+) -> None:
+    """Compare routing policies on held-out queries: best single, best per task, kNN, cost-aware, random, oracle."""
+    import json
+    import os
+
+    from hacrl_fed.route.evaluate import COST_KINDS
+    from hacrl_fed.route.measure import parse_model_specs
+    from hacrl_fed.route.run import capability_from_report, load_queries, run_route_eval
+    from hacrl_fed.worker.evaluate import DataError
+
+    if cost not in COST_KINDS:
+        fail(f"--cost must be one of {', '.join(COST_KINDS)}, got {cost!r}")
+    try:
+        specs = parse_model_specs(model, api_model or [], params or [])
+        keys = {}
+        for item in api_key_env or []:
+            name, sep, var = item.partition("=")
+            if not sep or name not in {s.name for s in specs} or not var:
+                raise ValueError(f"--api-key-env must be NAME=VAR with a --model NAME, got {item!r}")
+            if var not in os.environ:
+                raise ValueError(f"--api-key-env {item}: the variable {var} is not set")
+            keys[name] = os.environ[var]
+        from hacrl_fed.route.embed import load_embedder
+
+        load_embedder(embedder)
+        problems = load_queries(data, eval_size)
+        cal = load_queries(calibration, eval_size) if calibration is not None else None
+        caps = capability_from_report(capability) if capability is not None else None
+    except (DataError, ValueError, OSError) as err:
+        fail(_one_line(err))
+    if limit is not None:
+        problems = problems[:limit]
+    _cli_logging()
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
+
+    def progress(name: str, done: int, total: int) -> None:
+        if done == total or done % 50 == 0:
+            typer.echo(f"route: {name} {done}/{total} queries", err=True)
+
+    try:
+        result = run_route_eval(specs, problems, cal, out, calibration_frac=calibration_frac, seed=seed, k=k,
+                                embedder=embedder, cost_kind=cost, max_new_tokens=max_new_tokens,
+                                system_prompt=system_prompt, batch_size=batch_size, device=device,
+                                timeout_s=timeout_s, api_keys=keys, capability=caps, progress=progress)
+    except (DataError, ModelNotFoundError) as err:
+        fail(_one_line(err))
+    except (ModelLoadError, ValueError, OSError, RuntimeError) as err:
+        fail(_one_line(err), code=1)
+    if as_json:
+        typer.echo(json.dumps({p: {k_: v for k_, v in r.items() if k_ != "per_query_accuracy"}
+                               for p, r in result["policies"].items()} | {"match": result["match"]},
+                              sort_keys=True, default=float))
+        return
+    from hacrl_fed.route.report import format_table
+
+    typer.echo(format_table(result) + f"files: {', '.join(result['files'].values())}")
+
+
+route_app = typer.Typer(help="Routing between deployed models at inference: compare policies (route eval), serve "
+                        "a router (route serve).", no_args_is_help=True)
+app.add_typer(route_app, name="route")
+route_app.command("eval")(route_eval_cmd)
+
+
 # `hacrl-fed --help` lists them in this order: a first run (simulate, eval), the deployment (server, client),
 # then the advanced worker; `keys` follows as a group
 for _name, _command in (("simulate", simulate_cmd), ("eval", eval_cmd), ("server", server_cmd),

@@ -1,0 +1,104 @@
+"""A fitted kNN router: what ``route eval`` measured on its calibration split, in a file ``route serve`` loads.
+
+``router.json`` holds the models, the calibration queries' text and task, every model's ``correct`` on each
+(M × C), every model's predicted cost per query, k and the embedder (``tfidf`` or a model directory). It holds
+no pickled object: loading re-fits the embedder on the stored texts, which gives the same vectors. The file is
+validated when read (shape, types, bounds) and written atomically.
+
+:meth:`Router.rank` orders the models for one query: best kNN-predicted accuracy first, ties to the cheaper
+(:func:`hacrl_fed.route.policies.rank_models`); ``target`` turns it into ``cost_aware@τ`` (the cheapest model
+predicted to reach τ first, then the rest by predicted accuracy).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hacrl_fed.atomic import atomic_write_text, read_bounded
+from hacrl_fed.route import policies as P
+
+__all__ = ["ROUTER_FORMAT", "Router"]
+
+ROUTER_FORMAT = "hacrl-fed-router/1"
+MAX_ROUTER_BYTES = 256 * 2**20
+MAX_CALIBRATION = 200_000
+
+
+@dataclass
+class Router:
+    """See the module docstring. ``correct``: M lists of C floats in [0, 1]; ``cost``: M non-negative floats."""
+
+    models: list[str]
+    texts: list[str]
+    tasks: list[str]
+    correct: list[list[float]]
+    cost: list[float]
+    k: int = 10
+    embedder: str = "tfidf"
+    _fitted: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m, c = len(self.models), len(self.texts)
+        if m < 1 or len(set(self.models)) != m:
+            raise ValueError("a router needs at least one model and unique model names")
+        if not 1 <= c <= MAX_CALIBRATION or len(self.tasks) != c:
+            raise ValueError(f"a router needs 1..{MAX_CALIBRATION} calibration texts, each with a task")
+        arr = np.asarray(self.correct, dtype=float)
+        if arr.shape != (m, c) or not np.isfinite(arr).all() or (arr < 0).any() or (arr > 1).any():
+            raise ValueError(f"correct must be {m} × {c} values in [0, 1]")
+        cost = np.asarray(self.cost, dtype=float)
+        if cost.shape != (m,) or not np.isfinite(cost).all() or (cost < 0).any():
+            raise ValueError(f"cost must be {m} non-negative numbers")
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k must be a positive integer, got {self.k!r}")
+        if not all(isinstance(t, str) for t in (*self.texts, *self.tasks, *self.models)):
+            raise ValueError("models, texts and tasks must be strings")
+
+    def _state(self) -> tuple[Any, np.ndarray]:
+        if self._fitted is None:
+            from hacrl_fed.route.embed import load_embedder
+
+            emb = load_embedder(self.embedder).fit(self.texts)
+            self._fitted = (emb, emb.embed(self.texts))
+        return self._fitted
+
+    def predict(self, text: str) -> np.ndarray:
+        """(M,) kNN-predicted accuracy of each model on ``text``."""
+        from hacrl_fed.route.embed import cosine
+
+        emb, cal = self._state()
+        return P.knn_predict(cosine(emb.embed([text]), cal), np.asarray(self.correct, dtype=float), self.k)[0]
+
+    def rank(self, text: str, target: float | None = None) -> list[str]:
+        """Model names for ``text``, first choice first (module docstring)."""
+        pred = self.predict(text)[None, :]
+        cost = np.asarray(self.cost, dtype=float)
+        order = [int(i) for i in P.rank_models(pred, cost)[0]]
+        if target is not None:
+            first = int(P.cost_aware(pred, cost, target)[0])
+            order = [first, *(i for i in order if i != first)]
+        return [self.models[i] for i in order]
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path`` atomically; returns it."""
+        rec = {"format": ROUTER_FORMAT, **{k: v for k, v in asdict(self).items() if not k.startswith("_")}}
+        return atomic_write_text(Path(path), json.dumps(rec))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Router:
+        """Read and validate ``path``; raises ``ValueError`` (one line naming the file)."""
+        try:
+            rec = json.loads(read_bounded(path, MAX_ROUTER_BYTES))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not a readable router file: {' '.join(str(err).split())}") from None
+        if not isinstance(rec, dict) or rec.get("format") != ROUTER_FORMAT:
+            raise ValueError(f"{path}: not a {ROUTER_FORMAT} file (written by `hacrl-fed route eval`)")
+        try:
+            return cls(**{k: rec[k] for k in ("models", "texts", "tasks", "correct", "cost", "k", "embedder")})
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {' '.join(str(err).split())}") from None
