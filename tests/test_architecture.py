@@ -41,7 +41,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
     "launch": {"atomic", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
-    "cli": {"atomic", "config", "contributor", "launch", "logs", "protocol", "rollout", "worker"},
+    "route": set(),
+    "cli": {"atomic", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""

@@ -1,0 +1,1 @@
+"""Capability-aware routing between deployed models at inference (`hacrl-fed route`)."""
