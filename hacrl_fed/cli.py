@@ -21,6 +21,9 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(help="Identities (Ed25519 signing keys, roster entries) and TLS certificates.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+route_app = typer.Typer(help="Routing between deployed models at inference: compare policies (route eval), serve a "
+                             "router (route serve).", no_args_is_help=True)
+app.add_typer(route_app, name="route")
 
 
 def _print_version(value: bool) -> None:
@@ -534,10 +537,62 @@ def route_eval_cmd(
     typer.echo(format_table(result) + f"files: {', '.join(result['files'].values())}")
 
 
-route_app = typer.Typer(help="Routing between deployed models at inference: compare policies (route eval), serve "
-                        "a router (route serve).", no_args_is_help=True)
-app.add_typer(route_app, name="route")
 route_app.command("eval")(route_eval_cmd)
+
+
+@route_app.command("serve")
+def route_serve_cmd(
+    model: list[str] = typer.Option(..., "--model", help="A backend NAME=URL: URL is the OpenAI-compatible API base "
+                                    "of a model server (http://HOST:PORT/v1: vLLM, transformers serve, a hosted API); "
+                                    "NAME is what a client may ask for (model) and what the x-hacrl-routed-model "
+                                    "header says. Repeat for more."),
+    order: str | None = typer.Option(None, "--order", help="Fixed preference order NAME,NAME,...: the first backend "
+                                     "answers, the next ones take over in this order when it fails. Default: the "
+                                     "order of --model; names left out follow in that order."),
+    api_model: list[str] | None = typer.Option(None, "--api-model", help="NAME=MODEL: the model name sent to "
+                                               "backend NAME (default NAME), e.g. the model id its server loaded. "
+                                               "Repeatable."),
+    api_key_env: list[str] | None = typer.Option(None, "--api-key-env", help="NAME=VAR: backend NAME's API key is "
+                                                 "in the environment variable VAR (sent as a bearer token, never "
+                                                 "logged). Repeatable."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: a free one, logged at "
+                             "start)."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Seconds a backend may take to answer (a stream: to "
+                                    "send its first chunk, then between chunks) before the next one is tried."),
+    router_file: Path | None = typer.Option(None, "--router", help="router.json written by `hacrl-fed route eval`: "
+                                            "each request goes to the backend the kNN router predicts best for its "
+                                            "last user message (the rest follow by prediction). Its model names "
+                                            "must be --model names. Overrides --order."),
+    target: float | None = typer.Option(None, "--target", min=0.0, max=1.0, help="With --router: cost-aware "
+                                        "routing, the cheapest backend predicted to reach this accuracy first "
+                                        "(route eval's cost_aware@τ)."),
+) -> None:
+    """An OpenAI-compatible router (POST /v1/chat/completions) in front of several model servers, with fallback."""
+    from hacrl_fed.route.serve import backends_from_options, build_app, fixed_order, serve
+
+    try:
+        backends = backends_from_options(model, api_models=api_model or (), api_key_envs=api_key_env or (),
+                                         timeout_s=timeout_s)
+        names = [b.name for b in backends]
+        if target is not None and router_file is None:
+            raise ValueError("--target needs --router")
+        if router_file is not None:
+            from hacrl_fed.route.router import Router
+
+            rank = Router.load(router_file).request_ranker(names, target)
+        else:
+            rank = fixed_order(names, order)
+        router = build_app(backends, rank)
+    except ValueError as err:
+        fail(_one_line(err))
+    _cli_logging()
+    try:
+        serve(router, host, port)
+    except ValueError as err:
+        fail(_one_line(err))
+    except (RuntimeError, OSError) as err:
+        fail(_one_line(err), code=1)
 
 
 # `hacrl-fed --help` lists them in this order: a first run (simulate, eval), the deployment (server, client),

@@ -22,7 +22,7 @@ import numpy as np
 from hacrl_fed.atomic import atomic_write_text, read_bounded
 from hacrl_fed.route import policies as P
 
-__all__ = ["ROUTER_FORMAT", "Router"]
+__all__ = ["ROUTER_FORMAT", "Router", "request_text"]
 
 ROUTER_FORMAT = "hacrl-fed-router/1"
 MAX_ROUTER_BYTES = 256 * 2**20
@@ -84,6 +84,21 @@ class Router:
             order = [first, *(i for i in order if i != first)]
         return [self.models[i] for i in order]
 
+    def request_ranker(self, backends: list[str], target: float | None = None):
+        """A ``route serve`` rank function: ``rank(request) → backend names`` by :meth:`rank` on the request's
+        :func:`request_text`; backends the router does not know follow in their order. Raises ``ValueError``
+        when a router model is not among ``backends``."""
+        missing = [m for m in self.models if m not in backends]
+        if missing:
+            raise ValueError(f"the router file's models {missing} are not --model names ({', '.join(backends)})")
+        rest = [b for b in backends if b not in self.models]
+        self._state()                                   # fit the embedder now, not on the first request
+
+        def rank(request: dict[str, Any]) -> list[str]:
+            return [*self.rank(request_text(request), target), *rest]
+
+        return rank
+
     def save(self, path: str | Path) -> Path:
         """Write ``path`` atomically; returns it."""
         rec = {"format": ROUTER_FORMAT, **{k: v for k, v in asdict(self).items() if not k.startswith("_")}}
@@ -102,3 +117,17 @@ class Router:
             return cls(**{k: rec[k] for k in ("models", "texts", "tasks", "correct", "cost", "k", "embedder")})
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: {' '.join(str(err).split())}") from None
+
+
+def request_text(request: dict[str, Any]) -> str:
+    """The text a router routes a chat-completions request by: its last ``user`` message (the text parts of a
+    list content joined), or ``""`` when there is none."""
+    for message in reversed(request.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict)
+                                and isinstance(p.get("text"), str))
+    return ""
