@@ -76,9 +76,10 @@ def load_queries(path: str | Path, eval_size: int | None = None) -> list[Problem
         except ConfigError:
             raise err from None
     data = cfg.run.data
-    if eval_size is not None:
-        data = data.model_copy(update={"eval_size": eval_size})
-    return load_problems(data)[1]
+    update: dict[str, Any] = {} if eval_size is None else {"eval_size": eval_size}
+    if data.source == "reasoning_gym":          # only the held-out items are wanted: make few training items
+        update["num_problems"] = len(data.tasks)
+    return load_problems(data.model_copy(update=update))[1]
 
 
 def capability_from_report(path: str | Path) -> dict[str, dict[str, float]]:

@@ -145,3 +145,18 @@ def test_a_bad_router_file_is_refused_with_one_line(tmp_path, change):
     with pytest.raises(ValueError, match="router.json") as err:
         Router.load(path)
     assert "\n" not in str(err.value)
+
+
+def test_queries_from_a_run_config_are_its_held_out_problems_with_their_tasks(tmp_path):
+    from hacrl_fed.route.run import load_queries
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    queries = load_queries(root / "examples" / "tasks.toml", eval_size=3)
+    tasks = [q.source for q in queries]
+    # the four trained tasks' held-out instances and the two held-out families, 3 each
+    assert len(queries) == 18 and len(set(tasks)) == 6 and all(tasks.count(t) == 3 for t in set(tasks))
+    assert {"leg_counting", "decimal_arithmetic", "chain_sum"} <= set(tasks)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nno_such_key = 1\n")
+    with pytest.raises(ValueError, match="no_such_key"):
+        load_queries(bad)
