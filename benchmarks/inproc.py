@@ -9,6 +9,14 @@ ClientApp processes and the model reloads. Models are loaded once; :meth:`Federa
 every agent back to its initial weights and a fresh optimizer, so many (recipe, seed) cells share
 one load and one "before" evaluation (greedy decoding of the same weights gives the same answers).
 
+An agent whose config sets ``endpoint`` is a rollout-only site (docs/cross-vendor.md): a
+:class:`hacrl_fed.contributor.EndpointWorker` with its own signing key and a roster entry ``role =
+"rollout_only"`` (what ``update_roster`` writes for such a site). It generates every step like the others; its
+batch goes through the same validation, re-verification and capability window and is pooled for the learners;
+like the coordinator (:func:`hacrl_fed.coordinator.rounds.rollout_only`, read from the roster) the loop never
+sends it ``train``. :meth:`Federation.reset`, the initial-weights copy and the evaluations skip it (no weights).
+An endpoint failure costs it that step only (recorded in :attr:`StepResult.rejected`), as in a real run.
+
 Used by ``benchmarks/run_collab.py`` and ``benchmarks/ablate_stability.py``.
 """
 
@@ -29,11 +37,13 @@ from hacrl_fed.config import AgentConfig, SimulateConfig
 from hacrl_fed.data.datasets import load_problems
 from hacrl_fed.data.sampler import PromptSampler
 from hacrl_fed.coordinator.phases import build_round_plan, capability_table, reverify, step_seed
+from hacrl_fed.coordinator.rounds import rollout_only
 from hacrl_fed.protocol.keys import Roster, generate_identity, update_roster
 from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
 from hacrl_fed.reward import Verifier
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
+from hacrl_fed.worker.errors import PreconditionError
 from hacrl_fed.worker.models import embedding_parameters
 
 
@@ -47,7 +57,11 @@ class StepResult:
     generate_s: dict[str, float]
     train_s: dict[str, float]
     rejected: dict[str, str] = field(default_factory=dict)
+    """Agent → why its batch is not in the pool: the coordinator's rejection, or ``generate refused: …`` for a
+    rollout-only site whose endpoint failed this step."""
     generate_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    contributed: list[str] = field(default_factory=list)
+    """Rollout-only agents whose batch the coordinator accepted and pooled this step (never trained)."""
 
 
 def outcome(verdict: str, reason: str, finish_reason: str) -> str:
@@ -78,8 +92,6 @@ class Federation:
     """
 
     def __init__(self, cfg: SimulateConfig, *, workdir: str | Path | None = None, threads: int | None = None) -> None:
-        from hacrl_fed.worker.agent import AgentWorker
-
         if threads:
             torch.set_num_threads(threads)
         self.cfg = cfg
@@ -90,11 +102,18 @@ class Federation:
         self.workdir = Path(workdir)
         roster_path = self.workdir / "roster.toml"
         self.verifier = Verifier.from_config(cfg.verifier).start()
-        self.workers: dict[str, AgentWorker] = {}
+        self.workers: dict[str, Any] = {}
+        """Agent → its worker: an ``AgentWorker``, or an ``EndpointWorker`` for a rollout-only site."""
         self.agent_cfgs: dict[str, AgentConfig] = {}
+        self.learners = [a.name for a in cfg.agents if not a.rollout_only]
+        """Agents that train and are evaluated, in config order."""
+        self.contributors = [a.name for a in cfg.agents if a.rollout_only]
+        """Rollout-only agents (``agent.endpoint`` set), in config order."""
         for agent in cfg.agents:
             ident = generate_identity(agent.name, self.workdir / "keys", force=True)
-            update_roster(roster_path, agent.name, ident.ed25519)
+            # a rollout-only site's entry says role = "rollout_only" (docs/cross-vendor.md; Roster.rollout_only)
+            update_roster(roster_path, agent.name, ident.ed25519,
+                          role="rollout_only" if agent.rollout_only else "learner")
         self.roster = Roster.load(roster_path)
         t0 = time.perf_counter()
         self.load_s: dict[str, float] = {}
@@ -104,12 +123,23 @@ class Federation:
             a.roster = str(roster_path)
             a.checkpoint_dir = str(self.workdir / agent.name / "checkpoints")
             t = time.perf_counter()
-            self.workers[a.name] = AgentWorker(a, resume=False, verifier=self.verifier)
+            self.workers[a.name] = self._worker(a)
             self.load_s[a.name] = time.perf_counter() - t
             self.agent_cfgs[a.name] = a
-        self.initial = {n: copy.deepcopy(w.model.state_dict()) for n, w in self.workers.items()}
+        self.initial = {n: copy.deepcopy(self.workers[n].model.state_dict()) for n in self.learners}
         self.total_load_s = time.perf_counter() - t0
         self.train_problems, self.held_out = load_problems(cfg.run.data)
+
+    def _worker(self, agent: AgentConfig):
+        """The worker of ``agent`` (keys and roster filled in): an ``EndpointWorker`` when ``agent.endpoint`` is
+        set (no model loaded), else an ``AgentWorker`` (the model loaded); both share this federation's verifier."""
+        if agent.rollout_only:
+            from hacrl_fed.contributor import EndpointWorker
+
+            return EndpointWorker(agent, verifier=self.verifier)
+        from hacrl_fed.worker.agent import AgentWorker
+
+        return AgentWorker(agent, resume=False, verifier=self.verifier)
 
     # ------------------------------------------------------------------ set-up of one cell
 
@@ -117,12 +147,16 @@ class Federation:
               per_agent: dict[str, dict[str, Any]] | None = None, train_embeddings: bool | None = None) -> None:
         """Initial weights, a fresh optimizer and step 0 for every agent; ``algo``/``optim`` override fields
         for every agent (``per_agent[name] = {"algo": {...}, "optim": {...}}`` for one agent);
-        ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only)."""
+        ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only). A rollout-only agent has
+        no weights: only its run binding is cleared (so the next cell's run id is accepted)."""
         from hacrl_fed.algo.config import AlgoConfig
         from hacrl_fed.algo.update import make_optimizer
         from hacrl_fed.config import OptimConfig
 
-        for name, w in self.workers.items():
+        for name in self.contributors:
+            self.workers[name].run_id, self.workers[name].last_step = "", 0
+        for name in self.learners:
+            w = self.workers[name]
             base = self.agent_cfgs[name]
             a_over = dict(algo or {}) | (per_agent or {}).get(name, {}).get("algo", {})
             o_over = dict(optim or {}) | (per_agent or {}).get(name, {}).get("optim", {})
@@ -146,7 +180,9 @@ class Federation:
 
     def run(self, *, run_id: str, steps: int, seed: int, agents: Sequence[str] | None = None,
             on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
-        """``steps`` federation steps from the current weights (call :meth:`reset` first)."""
+        """``steps`` federation steps from the current weights (call :meth:`reset` first). Every agent of
+        ``agents`` (default: all, rollout-only ones included) generates; every accepted one that is not
+        rollout-only by the roster trains on the pool."""
         run = self.cfg.run
         names = list(agents or self.workers)
         sampler = PromptSampler(self.train_problems, run.prompts_per_step, seed=seed)
@@ -156,21 +192,31 @@ class Federation:
             plan = build_round_plan(run_id=run_id, step=step, problems=sampler.next_batch(),
                                     samples_per_prompt=run.samples_per_prompt, sampling=run.sampling, seed=seed,
                                     deadline_unix_s=time.time() + 3600)
-            envelopes, gen_s, gen_m = {}, {}, {}
+            envelopes, gen_s, gen_m, refused = {}, {}, {}, {}
             for n in names:
                 t = time.perf_counter()
-                resp = self.workers[n].generate(plan)
-                envelopes[n] = resp.envelope.SerializeToString()
-                gen_m[n] = dict(resp.metrics)
+                try:
+                    resp = self.workers[n].generate(plan)
+                except PreconditionError as err:
+                    if n not in self.contributors:
+                        raise
+                    refused[n] = f"generate refused: {err}"   # a failed endpoint: this step only
+                else:
+                    envelopes[n] = resp.envelope.SerializeToString()
+                    gen_m[n] = dict(resp.metrics)
                 gen_s[n] = time.perf_counter() - t
             accepted, rejected, accuracy, table, pool = self.coordinate(envelopes, plan, tracker)
+            rejected |= refused
             reports, train_s = {}, {}
+            contributed = [i.agent for i in accepted if rollout_only(self.roster, i.agent)]
             for item in accepted:
+                if item.agent in contributed:
+                    continue
                 t = time.perf_counter()
                 req = wpb.TrainRequest(run_id=run_id, step=step, envelopes=pool, capabilities=table, plan=plan)
                 reports[item.agent] = _report_dict(self.workers[item.agent].train(req))
                 train_s[item.agent] = time.perf_counter() - t
-            result = StepResult(step, accuracy, reports, gen_s, train_s, rejected, gen_m)
+            result = StepResult(step, accuracy, reports, gen_s, train_s, rejected, gen_m, contributed)
             out.append(result)
             if on_step:
                 on_step(result)
@@ -195,7 +241,7 @@ class Federation:
 
     def evaluate(self, problems: Sequence[Any], *, max_new_tokens: int | None = None,
                  agents: Sequence[str] | None = None) -> dict[str, dict[str, bool]]:
-        """Greedy avg@1 per problem: agent → {problem id: correct}."""
+        """Greedy avg@1 per problem: agent → {problem id: correct}; ``agents`` default: the learners."""
         run = self.cfg.run
         req = wpb.EvaluateRequest(
             prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
@@ -204,7 +250,7 @@ class Federation:
                                                   max_new_tokens=max_new_tokens or run.sampling.max_new_tokens,
                                                   seed=step_seed(run.seed, -1)))
         out = {}
-        for n in agents or self.workers:
+        for n in agents or self.learners:
             resp = self.workers[n].evaluate(req)
             out[n] = {r.prompt_id: r.correct > 0 for r in resp.results}
         return out
@@ -221,7 +267,7 @@ class Federation:
         run = self.cfg.run
         items = [EvalItem(p.id, p.problem, p.answer, p.answer_style or "boxed") for p in problems]
         out = {}
-        for n in agents or self.workers:
+        for n in agents or self.learners:
             w, m = self.workers[n], self.workers[n].cfg.model
             res = evaluate_items(w.engine, w.tokenizer, w.verifier, items, samples=1,
                                  sampling=Sampling(temperature=0.0, max_new_tokens=run.sampling.max_new_tokens),

@@ -32,14 +32,28 @@ Resumable: every finished cell is written to ``<out>/cells/<recipe>-s<seed>.json
 and skipped on the next run; cells run seed-major, so an interrupted benchmark leaves every recipe with the
 same seeds. ``--summary-only`` rebuilds ``results.md`` / ``results.json`` / ``collab.png`` from the cells.
 
+With a rollout-only contributor (``--contributor DIR_OR_URL``, docs/cross-vendor.md): every cell of the run has a
+third site whose rollouts come from an OpenAI-compatible endpoint — a local model directory (an export with its
+``hacrl_fed_prompt.json``) served by a ``transformers serve`` this script starts and stops (:mod:`contributor`),
+or a URL with ``--contributor-api-model``. It generates each step, is validated, re-verified and counted in the
+capability window by the coordinator's functions, its batch is pooled, and it never trains. Such cells are
+recipe ``<recipe>+contrib`` (file ``<recipe>+contrib-s<seed>.json``, "… + contributor" in the tables) and record
+the contributor (source, URL, model, prompt), its per-step acceptance and accuracy, and per learner and step the
+contributor's rows that reached the learner's gradient (:func:`contributor_rows`). Run them into the directory
+of the cells without a contributor: the summary pairs ``recipe+contrib`` with ``recipe`` by seed and problem.
+``meta.json`` keeps the contributor; a directory never mixes two contributors (another source is refused).
+
     python benchmarks/run_collab.py --out benchmarks/results/collab-10step        # cross-family, 3 seeds × 10 steps
     python benchmarks/run_collab.py --pair same-family --out benchmarks/results/same-family-10step
     python benchmarks/run_collab.py --tiny --seeds 1 --steps 2 --out /tmp/collab-tiny   # plumbing check
+    python benchmarks/run_collab.py --pair tasks --recipes hacpo_cross_family --contributor runs/<run>/smollm2/export \
+        --out benchmarks/results/collab-tasks                                     # + a rollout-only site
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -67,6 +81,22 @@ COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_tas
 PAIRWISE_BASES = ("hacpo", "gspo_x2")
 """Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
 anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
+CONTRIB = "+contrib"
+"""Suffix of a recipe whose cells had the rollout-only contributor (``--contributor``): ``hacpo+contrib``."""
+CONTRIB_COUNTS = ("delivered", "rows", "no_logprob_rows", "grad_rows", "pos_adv_rows", "pos_adv_grad_rows",
+                  "dropped_truncated", "screened_out")
+"""The row counts of :func:`contributor_rows`, summed over steps and seeds in the summary."""
+
+
+def base_recipe(recipe: str) -> str:
+    """``hacpo+contrib`` → ``hacpo``; a recipe without the suffix is its own base."""
+    return recipe.removesuffix(CONTRIB)
+
+
+def label(recipe: str) -> str:
+    """A recipe's name in the tables: its label, ``+ contributor`` for a cell with the rollout-only site."""
+    base = base_recipe(recipe)
+    return LABELS.get(base, base) + (" + contributor" if recipe != base else "")
 
 
 def is_correct(value) -> bool:
@@ -81,11 +111,13 @@ def accuracy(correct: dict, only: set[str] | None = None) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def _step_summary(agent: str, step) -> dict:
+def _step_summary(agent: str, step, contributors=()) -> dict:
+    """One learner's step in a cell; ``peers``: the other learners' per-source metrics (a rollout-only site in
+    ``contributors`` is recorded apart, :func:`contributor_rows`)."""
     rep = step.reports.get(agent, {"metrics": {}, "per_source": {}})
     peers = {src: {k: m.get(k) for k in ("rows", "grad_frac", "s_mean", "s_min", "s_max", "clip_low", "clip_high",
                                           "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")}
-             for src, m in rep["per_source"].items() if src != agent}
+             for src, m in rep["per_source"].items() if src != agent and src not in contributors}
     own = rep["per_source"].get(agent, {})
     gen = step.generate_metrics.get(agent, {})
     return {"step": step.step, "accuracy": step.accuracy.get(agent), "stop_frac": gen.get("stop_frac"),
@@ -94,8 +126,55 @@ def _step_summary(agent: str, step) -> dict:
             "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers}
 
 
-def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=None) -> dict:
-    """One (recipe, seed) cell from the initial weights; returns its record."""
+def contributor_rows(step, learner: str, contributor: str) -> dict:
+    """Where the rollout-only ``contributor``'s rows went in ``learner``'s update at one step (``step``: an
+    :class:`inproc.StepResult`). Counts of rows (one row = one response):
+
+    * ``delivered``: rows of the contributor's batch in the pool (B·G when the coordinator accepted it, 0 when
+      its endpoint failed or the coordinator rejected it);
+    * ``rejected_by_learner``: the learner left the whole batch out (its ``TrainReport.rejected`` names it);
+    * ``screened_out``: rows the learner's screens dropped or cut (``src/<c>/screened_out``);
+      ``dropped_truncated``: rows the learner dropped as cut by its ``max_response_tokens``;
+    * ``rows``: the contributor's rows in the learner's update (``src/<c>/rows``), of them ``no_logprob_rows``
+      without a behaviour log-prob (trained by ``algo.missing_behaviour_logprob``);
+    * ``grad_rows``: rows whose term in the loss carried a gradient = ``rows`` × ``src/<c>/grad_frac``, the
+      share of the rows' loss terms with ``has_grad`` (A ≠ 0 after the screens' weight, inside the loss mask, not
+      dropped by the no-log-prob rule — ``success_only`` keeps only A > 0 — nor clamped by the cross window, ω ≠
+      0); with ``optim.epochs`` > 1 the mean over the epochs (exact row count at 1 epoch, the default). It
+      counts terms, not applied steps (an update skipped as non-finite or all-zero still counts);
+    * ``pos_adv_rows`` / ``pos_adv_grad_rows``: loss terms with A > 0, and those of them with a gradient, summed
+      over the epochs.
+    """
+    rep = step.reports.get(learner, {"metrics": {}, "per_source": {}, "rejected": []})
+    m = rep["per_source"].get(contributor, {})
+    rows = m.get("rows", 0.0)
+    delivered = step.generate_metrics.get(contributor, {}).get("rollouts", 0.0) \
+        if contributor in step.contributed else 0.0
+    left_out = any(r.startswith(f"{contributor}:") for r in rep["rejected"])
+    return {"delivered": delivered, "rejected_by_learner": left_out,
+            "screened_out": m.get("screened_out", 0.0), "dropped_truncated": m.get("dropped_truncated", 0.0),
+            "rows": rows, "no_logprob_rows": m.get("no_logprob_rows", 0.0),
+            "grad_rows": rows * m.get("grad_frac", 0.0), "pos_adv_rows": m.get("pos_adv_rows", 0.0),
+            "pos_adv_grad_rows": m.get("pos_adv_grad_rows", 0.0)}
+
+
+def contributor_step(step, contributor: str) -> dict:
+    """The rollout-only site at one step: pooled or why not, its coordinator-verified accuracy, rows, seconds."""
+    gen = step.generate_metrics.get(contributor, {})
+    return {"step": step.step, "accepted": contributor in step.contributed, "rejected": step.rejected.get(contributor),
+            "accuracy": step.accuracy.get(contributor), "rollouts": gen.get("rollouts"),
+            "behaviour_logprob_rows": gen.get("behaviour_logprob_rows"), "stop_frac": gen.get("stop_frac"),
+            "generate_s": step.generate_s.get(contributor)}
+
+
+def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=None,
+             contributor: dict | None = None) -> dict:
+    """One (recipe, seed) cell from the initial weights; returns its record. With a rollout-only agent in
+    ``fed`` (one at most) the cell is recipe ``<recipe>+contrib`` and also holds ``contributor`` (the record
+    passed in, e.g. :meth:`contributor.Contributor.record`; ``{"name": …}`` without one), ``contributor_steps``
+    (:func:`contributor_step`) and, per learner and step, ``contributor`` (:func:`contributor_rows`)."""
+    if len(fed.contributors) > 1:
+        raise ValueError(f"one rollout-only agent per cell, got {fed.contributors}")
     evaluate = evaluate or fed.evaluate
     fed.reset(algo={"name": recipe, **ALGO.get(recipe, {}), "kl_coef": 0.0}, optim={"seed": seed})
     t0 = time.perf_counter()
@@ -103,10 +182,19 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
     t1 = time.perf_counter()
     after = {name: evaluate(problems) for name, problems in eval_sets.items()}
     t2 = time.perf_counter()
-    agents = sorted(fed.workers)
-    return {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
-            "after": {a: {name: after[name][a] for name in eval_sets} for a in agents},
-            "per_step": {a: [_step_summary(a, s) for s in results] for a in agents}}
+    agents = sorted(fed.learners)
+    rec = {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
+           "after": {a: {name: after[name][a] for name in eval_sets} for a in agents},
+           "per_step": {a: [_step_summary(a, s, fed.contributors) for s in results] for a in agents}}
+    if fed.contributors:
+        c = fed.contributors[0]
+        rec["recipe"] = recipe + CONTRIB
+        rec["contributor"] = contributor or {"name": c}
+        rec["contributor_steps"] = [contributor_step(s, c) for s in results]
+        for a in agents:
+            for summary, s in zip(rec["per_step"][a], results, strict=True):
+                summary["contributor"] = contributor_rows(s, a, c)
+    return rec
 
 
 def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str, *,
@@ -194,6 +282,43 @@ def gain_kinds(before: dict, after: dict) -> dict:
     return out
 
 
+def contributor_summary(cells: list[dict], agent: str) -> dict:
+    """The contributor's rows in ``agent``'s updates over the cells of one ``+contrib`` recipe: every count of
+    :func:`contributor_rows` summed over steps and seeds; ``share`` = grad_rows / delivered (the share of the
+    contributor's pooled rows that reached this learner's gradient), ``in_update_share`` = rows / delivered
+    (that entered its update at all), ``grad_share_of_rows`` = grad_rows / rows; ``share_per_step``: the share at
+    step i over the seeds. Shares are None where their denominator is 0."""
+    steps = [s["contributor"] for c in cells for s in c["per_step"][agent] if "contributor" in s]
+    tot = {k: float(sum(s.get(k) or 0.0 for s in steps)) for k in CONTRIB_COUNTS}
+
+    def ratio(num: float, den: float):
+        return num / den if den else None
+
+    n_steps = min((len(c["per_step"][agent]) for c in cells), default=0)
+    per_step = []
+    for i in range(n_steps):
+        at = [c["per_step"][agent][i].get("contributor") or {} for c in cells]
+        per_step.append(ratio(sum(x.get("grad_rows") or 0.0 for x in at), sum(x.get("delivered") or 0.0 for x in at)))
+    left_out = sum(bool(s.get("rejected_by_learner")) for s in steps)
+    return tot | {"steps": len(steps), "rejected_by_learner_steps": left_out,
+                  "share": ratio(tot["grad_rows"], tot["delivered"]),
+                  "in_update_share": ratio(tot["rows"], tot["delivered"]),
+                  "grad_share_of_rows": ratio(tot["grad_rows"], tot["rows"]), "share_per_step": per_step}
+
+
+def contributor_site(cells: list[dict]) -> dict:
+    """The rollout-only site over the cells of one ``+contrib`` recipe: its record (from the first cell), the
+    steps it was pooled / not, its mean coordinator-verified accuracy over pooled steps, seconds per step."""
+    steps = [s for c in cells for s in c.get("contributor_steps", [])]
+    acc = [s["accuracy"] for s in steps if s.get("accepted") and s.get("accuracy") is not None]
+    gen = [s["generate_s"] for s in steps if s.get("generate_s") is not None]
+    return {"record": cells[0].get("contributor", {}), "steps": len(steps),
+            "accepted_steps": sum(bool(s.get("accepted")) for s in steps),
+            "accuracy_mean": statistics.fmean(acc) if acc else None,
+            "generate_s_per_step": statistics.fmean(gen) if gen else None,
+            "not_pooled": sorted({s["rejected"] for s in steps if s.get("rejected")})[:5]}
+
+
 def summarize(out: Path) -> dict:
     before = json.loads((out / "before.json").read_text())
     cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
@@ -202,7 +327,7 @@ def summarize(out: Path) -> dict:
     tasks_of: dict[str, str] = meta.get("tasks") or {}
     task_names = sorted(set(tasks_of.values()))
     agents = sorted(before["agents"])
-    recipes = [r for r in RECIPES if any(c["recipe"] == r for c in cells)]
+    recipes = [r for b in RECIPES for r in (b, b + CONTRIB) if any(c["recipe"] == r for c in cells)]
     by = {r: sorted((c for c in cells if c["recipe"] == r), key=lambda c: c["seed"]) for r in recipes}
     summary: dict = {"meta": meta, "before": {a: {e: accuracy(before["agents"][a][e]) for e in sets} for a in agents},
                      "recipes": {}}
@@ -226,6 +351,9 @@ def summarize(out: Path) -> dict:
                     ag[e]["mde_vs_gspo"] = paired_mde(by[r], by["gspo"], a, e)
                 if r in COLLABORATIVE:
                     ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
+                if base_recipe(r) != r and base_recipe(r) in by:
+                    ag[e]["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
+                    ag[e]["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)
                 kinds = [gain_kinds(before["agents"][a][e], c["after"][a][e]) for c in by[r]]
                 if all(kinds):
                     ag[e]["gains"] = {k: statistics.fmean(x[k] for x in kinds) for k in kinds[0]}
@@ -240,6 +368,10 @@ def summarize(out: Path) -> dict:
                                       if r != "gspo" and "gspo" in by else None,
                                       "vs_gspo_x2": paired_interval(by[r], by["gspo_x2"], a, e, only=only)
                                       if r not in ("gspo_x2",) and "gspo_x2" in by else None}
+                    if base_recipe(r) != r:
+                        base = by.get(base_recipe(r))
+                        ag["tasks"][t]["vs_without_contrib"] = (paired_interval(by[r], base, a, e, only=only)
+                                                                if base else None)
             peers = [v for c in by[r] for s in c["per_step"][a] for v in s["peers"].values()]
             ag["peer_grad_frac"] = statistics.fmean(p["grad_frac"] for p in peers if p.get("grad_frac") is not None) \
                 if any(p.get("grad_frac") is not None for p in peers) else None
@@ -252,10 +384,14 @@ def summarize(out: Path) -> dict:
                 else None for i in range(min(len(c["per_step"][a]) for c in by[r]))]
             ag["generate_s_per_step"] = statistics.fmean(s["generate_s"] for c in by[r] for s in c["per_step"][a])
             ag["train_s_per_step"] = statistics.fmean(s["train_s"] or 0.0 for c in by[r] for s in c["per_step"][a])
+            if base_recipe(r) != r:
+                ag["contributor"] = contributor_summary(by[r], a)
             rec["agents"][a] = ag
         rec["cell_s"] = statistics.fmean(c["train_s"] + c["eval_s"] for c in by[r])
         rec["steps_s"] = statistics.fmean(c["train_s"] for c in by[r])
         rec["eval_s"] = statistics.fmean(c["eval_s"] for c in by[r])
+        if base_recipe(r) != r:
+            rec["contributor"] = contributor_site(by[r])
         summary["recipes"][r] = rec
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(render_markdown(summary, agents))
@@ -289,8 +425,51 @@ def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
              "| recipe − baseline | " + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets)
              + " |", "|---|" + "---|" * (len(sets) * len(agents))]
     for r, b, rec in rows:
-        lines.append(f"| {LABELS.get(r, r)} − {LABELS.get(b, b)} | " + " | ".join(
+        lines.append(f"| {label(r)} − {label(b)} | " + " | ".join(
             _ci(rec["agents"][a][e]["vs"][b]) for a in agents for e in sets) + " |")
+    return lines + [""]
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """The ``+contrib`` recipes: Δ against the same recipe without the contributor (paired by seed and problem),
+    the contributor itself, and the share of its rows that reached each learner's gradient."""
+    rows = [(r, rec) for r, rec in summary["recipes"].items() if "contributor" in rec]
+    if not rows:
+        return []
+    sets = eval_sets_of(summary["meta"])
+    site = summary["meta"].get("contributor") or rows[0][1]["contributor"]["record"]
+    lines = ["## With a rollout-only contributor", "",
+             f"A third site, `{site.get('name')}`, generated every step from an OpenAI-compatible endpoint "
+             f"(source `{site.get('source')}`, model `{site.get('api_model')}`; prompt from "
+             f"`{site.get('prompt_from')}`): validated, re-verified and counted in the capability window like any "
+             "site, its batch pooled, never trained. Δ: recipe + contributor − the same recipe without it, points, "
+             "mean [95 % interval], paired by seed and problem.", "",
+             "| recipe + contributor − recipe | "
+             + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets) + " |",
+             "|---|" + "---|" * (len(sets) * len(agents))]
+    for r, rec in rows:
+        lines.append(f"| {label(r)} − {label(base_recipe(r))} | " + " | ".join(
+            _ci(rec["agents"][a][e].get("vs_without_contrib")) for a in agents for e in sets) + " |")
+    lines += ["", "The contributor per cell: steps its batch was pooled, its coordinator-verified accuracy (mean over "
+              "pooled steps), generation seconds per step; per learner, of the contributor's pooled rows (summed over "
+              "steps and seeds): the share that entered the learner's update and the share that reached its gradient "
+              "(`contributor_rows()` in this script says what counts).", "",
+              "| recipe | pooled steps | contributor accuracy | s / step | "
+              + " | ".join(f"{a}: in update / reached gradient (rows with a gradient of rows pooled)" for a in agents)
+              + " |",
+              "|---|---|---|---|" + "---|" * len(agents)]
+    for r, rec in rows:
+        c = rec["contributor"]
+        acc, gen = c["accuracy_mean"], c["generate_s_per_step"]
+        cells = [f"{_pct(x['in_update_share'])} / {_pct(x['share'])} ({x['grad_rows']:.0f} of {x['delivered']:.0f})"
+                 for x in (rec["agents"][a]["contributor"] for a in agents)]
+        lines.append(f"| {label(r)} | {c['accepted_steps']} / {c['steps']} | "
+                     f"{'–' if acc is None else f'{100 * acc:.1f} %'} | {'–' if gen is None else f'{gen:.0f}'} | "
+                     + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -319,7 +498,7 @@ def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:
                   "| recipe | agent | set | seeds | sd of the difference | minimum detectable effect | "
                   "seeds for 5 points |", "|---|---|---|---|---|---|---|"]
         for r, a, e, m in observed:
-            lines.append(f"| {LABELS.get(r, r)} | {a} | {SET_TITLES[e][1]} | {m['seeds']} | {100 * m['sd_diff']:.1f} | "
+            lines.append(f"| {label(r)} | {a} | {SET_TITLES[e][1]} | {m['seeds']} | {100 * m['sd_diff']:.1f} | "
                          f"{100 * m['mde']:.1f} | {m['seeds_for_5_points']} |")
     return lines + [""]
 
@@ -374,7 +553,7 @@ def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
             for t in tasks:
                 x = rec["agents"][a]["tasks"][t]
                 cells.append(f"{100 * x['mean']:.1f}" + (f" {_ci(x['vs_gspo'])}" if x.get("vs_gspo") else ""))
-        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
     lines += [""]
     mech = mechanism(summary, agents)
     if mech:
@@ -385,7 +564,7 @@ def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
                   "|---|---|---|---|---|---|"]
         for (r, a), m in mech.items():
             f = (lambda x: "–" if x is None else f"{100 * x:+.1f}")
-            lines.append(f"| {LABELS.get(r, r)} | {a} | {', '.join(m['stronger']) or '–'} | {f(m['stronger_delta'])} | "
+            lines.append(f"| {label(r)} | {a} | {', '.join(m['stronger']) or '–'} | {f(m['stronger_delta'])} | "
                          f"{', '.join(m['other']) or '–'} | {f(m['other_delta'])} |")
         lines += [""]
     rows = [(r, rec) for r, rec in summary["recipes"].items()
@@ -402,7 +581,7 @@ def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
                 for e in eval_sets_of(summary["meta"]):
                     g = rec["agents"][a][e].get("gains")
                     if g:
-                        lines.append(f"| {LABELS.get(r, r)} | {a} | {SET_TITLES[e][1]} | {g['format_fixed']:.1f} | "
+                        lines.append(f"| {label(r)} | {a} | {SET_TITLES[e][1]} | {g['format_fixed']:.1f} | "
                                      f"{g['content_fixed']:.1f} | {g['format_broken']:.1f} | {g['content_broken']:.1f} |")
         lines += [""]
     return lines
@@ -432,9 +611,10 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
             for a in agents:
                 s = rec["agents"][a][e]
                 cells += [_pm(s), _ci(s.get("vs_gspo"))]
-            lines.append(f"| {LABELS.get(r, r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += _pairwise_markdown(summary, agents)
+    lines += _contrib_markdown(summary, agents)
     lines += _tasks_markdown(summary, agents)
     lines += ["## Peer rows that reached the gradient", "",
               "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",
@@ -444,11 +624,11 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
         for a in agents:
             g, ps = rec["agents"][a]["peer_grad_frac"], rec["agents"][a]["peer_success_grad_frac"]
             cells.append("–" if g is None else f"{100 * g:.0f} % / " + ("–" if ps is None else f"{100 * ps:.0f} %"))
-        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
     lines += ["", "## Time (seconds)", "", "| recipe | " + " | ".join(f"{a} generate / train per step" for a in agents)
               + " | per cell: steps + evaluation = total |", "|---|" + "---|" * (len(agents) + 1)]
     for r, rec in summary["recipes"].items():
-        lines.append(f"| {LABELS.get(r, r)} | " + " | ".join(
+        lines.append(f"| {label(r)} | " + " | ".join(
             f"{rec['agents'][a]['generate_s_per_step']:.0f} / {rec['agents'][a]['train_s_per_step']:.0f}"
             for a in agents) + f" | {rec.get('steps_s', 0):.0f} + {rec.get('eval_s', 0):.0f} = {rec['cell_s']:.0f} |")
     lines += ["", "![after-training accuracy](collab.png)", ""]
@@ -474,7 +654,7 @@ def plot(summary: dict, agents: list[str], path: Path) -> None:
             ax.bar(xs, [s["mean"] for s in st], width, yerr=[s["std"] for s in st], capsize=3, label=a)
             ax.axhline(summary["before"][a][e], color=f"C{i}", ls="--", lw=1)
         ax.set_xticks([k + width * (len(agents) - 1) / 2 for k in range(len(recipes))],
-                      [LABELS.get(r, r) for r in recipes], rotation=20, ha="right", fontsize=8)
+                      [label(r) for r in recipes], rotation=20, ha="right", fontsize=8)
         ax.set_title(title + " (dashed: before)")
         ax.set_ylim(0, 1)
     axes[0].set_ylabel("greedy avg@1")
@@ -484,7 +664,29 @@ def plot(summary: dict, agents: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def contributor_source(value: str) -> str:
+    """A contributor's identity as cells and ``meta.json`` record it: the URL, or the directory resolved."""
+    return value if value.startswith(("http://", "https://")) else str(Path(value).expanduser().resolve())
+
+
+def check_contributor(path: Path, name: str, source: str) -> None:
+    """Raise ``ValueError`` when ``meta.json`` at ``path`` names another contributor (name or source) than
+    ``name`` from ``source``: two contributors' cells would mix under one recipe name."""
+    old = json.loads(path.read_text()).get("contributor") if path.exists() else None
+    if old and (old.get("name"), old.get("source")) != (name, source):
+        raise ValueError(f"{path.parent} holds cells of contributor {old.get('name')!r} from {old.get('source')!r}; "
+                         f"this run's is {name!r} from {source!r}: use another --out")
+
+
+def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
+    """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
+    the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described)."""
+    old = json.loads(path.read_text()).get("contributor") if path.exists() else None
+    site = contributor or old
+    return meta | ({"contributor": site} if site else {})
+
+
+def _cli() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="cross-family")
     parser.add_argument("--tiny", action="store_true", help="same as --pair tiny: a plumbing check, not a result")
@@ -499,6 +701,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples-per-prompt", type=int, default=None, help="G (default: the config's)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--contributor", metavar="DIR_OR_URL",
+                        help="add a rollout-only site to every cell: a local model directory (served here by "
+                             "`transformers serve`; prompt from its hacrl_fed_prompt.json) or an OpenAI-compatible "
+                             "/v1 URL; its cells are <recipe>+contrib")
+    parser.add_argument("--contributor-name", default="contributor", help="its agent name (default: contributor)")
+    parser.add_argument("--contributor-api-model", metavar="NAME", help="the endpoint's model name (with a URL)")
+    parser.add_argument("--contributor-api-key-env", metavar="VAR",
+                        help="environment variable holding the endpoint's API key (with a URL)")
+    parser.add_argument("--contributor-device", default="cpu", help="device of the served model (default: cpu)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _cli()
     args = parser.parse_args(argv)
     out = args.out.resolve()
     if args.summary_only:
@@ -507,8 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from hacrl_fed.config import SimulateConfig, load_config
-    from hacrl_fed.data.arithmetic import reword
-    from inproc import Federation
+    from hacrl_fed.protocol.keys import validate_agent_name
 
     pair = "tiny" if args.tiny else args.pair
     cfg = load_config(args.config or ROOT / "examples" / PAIRS[pair], SimulateConfig)
@@ -524,12 +739,65 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         parser.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
+    if args.contributor:
+        try:
+            validate_agent_name(args.contributor_name)
+        except ValueError as err:
+            parser.error(f"--contributor-name: {err}")
+        if args.contributor_name in {a.name for a in cfg.agents}:
+            parser.error(f"--contributor-name {args.contributor_name!r} is a learner of the config; choose another")
+        source = contributor_source(args.contributor)
+        url = args.contributor.startswith(("http://", "https://"))
+        if url and not args.contributor_api_model:
+            parser.error("--contributor URL needs --contributor-api-model NAME (the endpoint's model name)")
+        if not url and not Path(source).is_dir():
+            parser.error(f"--contributor {args.contributor}: neither an http(s) URL nor a model directory")
+        try:
+            check_contributor(out / "meta.json", args.contributor_name, source)
+        except ValueError as err:
+            parser.error(str(err))
     (out / "cells").mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/run_collab.py " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"command": command, "pair": pair, "steps": args.steps, "seeds": args.seeds,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
             "eval_size": cfg.run.data.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
             "config": str(args.config or Path("examples") / PAIRS[pair])}
+    with contextlib.ExitStack() as stack:
+        site = None
+        if args.contributor:
+            site = _add_contributor(stack, cfg, args, out)
+            site["command"] = command
+        meta = merge_meta(out / "meta.json", meta, site)
+        run_benchmark(cfg, out, meta, recipes, args.seeds, args.steps, suite, site)
+    summarize(out)
+    print((out / "results.md").read_text())
+    return 0
+
+
+def _add_contributor(stack: contextlib.ExitStack, cfg, args, out: Path) -> dict:
+    """Open the contributor of ``--contributor`` for the rest of the run (a local directory: its server is
+    stopped when ``stack`` closes, SIGTERM included), append its rollout-only agent to ``cfg.agents``, and return
+    its record (:meth:`contributor.Contributor.record`)."""
+    from contributor import contributor_agent, open_contributor, sigterm_as_interrupt
+
+    stack.enter_context(sigterm_as_interrupt())
+    print(f"[contributor] {args.contributor}: starting", flush=True)
+    c = stack.enter_context(open_contributor(
+        args.contributor, name=args.contributor_name, api_model=args.contributor_api_model,
+        default_system_prompt=cfg.agents[0].model.system_prompt, top_k=cfg.run.sampling.top_k, log_dir=out,
+        device=args.contributor_device))
+    cfg.agents.append(contributor_agent(c, verifier=cfg.agents[0].verifier, api_key_env=args.contributor_api_key_env))
+    print(f"[contributor] {c.name} at {c.url} (model {c.api_model}; prompt from {c.prompt_from})", flush=True)
+    return c.record()
+
+
+def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, steps: int, suite: bool,
+                  contributor: dict | None) -> None:
+    """Load the federation once, write ``meta.json`` and (once) ``before.json``, then run every missing cell,
+    seed-major, each written to ``cells/`` and the summary rebuilt after it."""
+    from hacrl_fed.data.arithmetic import reword
+    from inproc import Federation
+
     fed = Federation(cfg)
     try:
         evaluate = fed.evaluate
@@ -552,25 +820,23 @@ def main(argv: list[str] | None = None) -> int:
         if not before_path.exists():
             t = time.perf_counter()
             res = {name: evaluate(problems) for name, problems in eval_sets.items()}
-            before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.workers},
+            before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.learners},
                       "eval_s": time.perf_counter() - t, "load_s": fed.load_s}
             before_path.write_text(json.dumps(before, indent=1))
-        for seed in range(args.seeds):
+        suffix = CONTRIB if contributor else ""
+        for seed in range(seeds):
             for recipe in recipes:
-                cell = out / "cells" / f"{recipe}-s{seed}.json"
+                cell = out / "cells" / f"{recipe}{suffix}-s{seed}.json"
                 if cell.exists():
-                    print(f"[{recipe} s{seed}] done already", flush=True)
+                    print(f"[{recipe}{suffix} s{seed}] done already", flush=True)
                     continue
-                rec = run_cell(fed, recipe, seed, args.steps, eval_sets, evaluate)
+                rec = run_cell(fed, recipe, seed, steps, eval_sets, evaluate, contributor)
                 cell.write_text(json.dumps(rec, indent=1))
                 accs = ", ".join(f"{a} {100 * accuracy(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
-                print(f"[{recipe} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)
+                print(f"[{recipe}{suffix} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)
                 summarize(out)
     finally:
         fed.close()
-    summarize(out)
-    print((out / "results.md").read_text())
-    return 0
 
 
 if __name__ == "__main__":
