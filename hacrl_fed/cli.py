@@ -514,8 +514,11 @@ def route_eval_cmd(
     _cli_logging()
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
-    def progress(name: str, done: int, total: int) -> None:
-        if done == total or done % 50 == 0:
+    shown: dict[str, int] = {}
+
+    def progress(name: str, done: int, total: int) -> None:   # a line per 50 queries answered, and at the end
+        if done == total or done // 50 > shown.get(name, 0) // 50:
+            shown[name] = done
             typer.echo(f"route: {name} {done}/{total} queries", err=True)
 
     try:
