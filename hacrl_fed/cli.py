@@ -87,23 +87,28 @@ def keys_gen(
     out: Path = typer.Option(..., "--out", help="Directory for the key files (created with mode 0700)."),
     roster: Path | None = typer.Option(None, "--roster", help="Roster TOML to add/replace this agent's entry in."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing key files."),
+    role: str = typer.Option("learner", "--role", help="learner (trains) | rollout_only (a site whose model is "
+                             "behind an API: contributes rollouts, is never sent a train order; docs/cross-vendor.md). "
+                             "Written into the roster entry."),
 ) -> None:
     """Write NAME.ed25519.key/.pub (batch signing) and NAME.node.key/.pub (SuperNode auth, EC P-384 OpenSSH)."""
-    from hacrl_fed.protocol.keys import KeyFileError, Roster, RosterError, generate_identity, update_roster
+    from hacrl_fed.protocol.keys import ROLES, KeyFileError, Roster, RosterError, generate_identity, update_roster
 
+    if role not in ROLES:
+        fail(f"--role must be one of {', '.join(ROLES)}, got {role!r}")
     try:
         if roster is not None and roster.exists():
             Roster.load(roster)  # a broken roster fails before any key is written
         ident = generate_identity(name, out, force=force)
         if roster is not None:
-            update_roster(roster, ident.name, ident.ed25519, ident.node_public)
+            update_roster(roster, ident.name, ident.ed25519, ident.node_public, role=role)
     except (KeyFileError, RosterError, ValueError, OSError) as err:
         fail(_one_line(err))
     for path in (ident.signing_key, ident.signing_pub, ident.node_key, ident.node_pub):
         typer.echo(f"wrote {path}", err=True)
     if roster is not None:
         typer.echo(f"updated {roster}", err=True)
-    typer.echo(ident.roster_entry(), nl=False)
+    typer.echo(ident.roster_entry(role), nl=False)
 
 
 @keys_app.command("certs")

@@ -134,9 +134,9 @@ class Identity:
     node_public: str
     """Roster form of the node public key (``ecdsa-sha2-nistp384 AAAA…``, no comment)."""
 
-    def roster_entry(self) -> str:
-        """The TOML block for this identity (see :func:`roster_entry_toml`)."""
-        return roster_entry_toml(self.name, self.ed25519, self.node_public)
+    def roster_entry(self, role: str = "learner") -> str:
+        """The TOML block for this identity with ``role`` (see :func:`roster_entry_toml`)."""
+        return roster_entry_toml(self.name, self.ed25519, self.node_public, role)
 
 
 def identity_paths(name: str, out_dir: str | Path) -> tuple[Path, Path, Path, Path]:

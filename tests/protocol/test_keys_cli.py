@@ -54,6 +54,20 @@ def assert_one_line_error(result) -> None:
 # --------------------------------------------------------------------------- keys gen
 
 
+def test_keys_gen_role_marks_a_rollout_only_site_in_the_entry_and_the_roster(tmp_path: Path):
+    roster_path = tmp_path / "roster.toml"
+    invoke("keys", "gen", "--name", "alice", "--out", str(tmp_path / "a"), "--roster", str(roster_path))
+    result = invoke("keys", "gen", "--name", "vendor-x", "--out", str(tmp_path / "v"), "--roster", str(roster_path),
+                    "--role", "rollout_only")
+    assert result.exit_code == 0, result.output
+    assert Roster.from_dict(tomllib.loads(result.stdout)).rollout_only("vendor-x")
+    roster = Roster.load(roster_path)
+    assert roster.rollout_only("vendor-x") and not roster.rollout_only("alice")
+    bad = invoke("keys", "gen", "--name", "bob", "--out", str(tmp_path / "b"), "--role", "trainer")
+    assert_one_line_error(bad)
+    assert "--role" in bad.stderr and not (tmp_path / "b").exists()
+
+
 def test_keys_gen_writes_loadable_keys_with_private_modes(tmp_path: Path):
     out = tmp_path / "keys"
     result = invoke("keys", "gen", "--name", "alice", "--out", str(out))
