@@ -589,12 +589,18 @@ def route_serve_cmd(
             from hacrl_fed.route.router import Router
 
             rank = Router.load(router_file).request_ranker(names, target)
+            how = (f"kNN router {router_file}" + (f", cost-aware at target {target:g}" if target is not None else "")
+                   + "; fallback by prediction")
         else:
             rank = fixed_order(names, order)
+            how = "fixed order " + ",".join(rank({}))
         router = build_app(backends, rank)
     except ValueError as err:
         fail(_one_line(err))
     _cli_logging()
+    import logging
+
+    logging.getLogger("hacrl_fed.route").info("route: routing by %s", how)
     try:
         serve(router, host, port)
     except ValueError as err:

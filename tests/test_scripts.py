@@ -38,7 +38,7 @@ def test_setup_installs_what_the_manual_steps_say():
 def test_ci_runs_the_readme_test_command_in_a_fresh_environment():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert re.search(r'python3 -m venv "\$venv"', ci) and 'HACRL_VENV="$venv" ./scripts/test' in ci
-    for script in (".ci/run", "scripts/demo", "scripts/test", "scripts/setup.sh"):
+    for script in (".ci/run", "scripts/demo", "scripts/test", "scripts/setup", "scripts/setup.sh"):
         subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
 
 
@@ -107,3 +107,23 @@ def test_the_examples_state_the_times_the_readme_gives():
             assert claimed <= _minutes(cells[-1]), f"examples/{name} says {claimed} min, docs/simulate.md: {cells[-1]}"
             checked += 1
     assert checked >= 3
+
+
+def test_the_setup_script_only_sets_up(tmp_path):
+    """``./scripts/setup``: the set-up steps, then one line saying how to use the environment; nothing else runs
+    (a fake interpreter that says every package is installed: no step has anything to do)."""
+    fake = tmp_path / "python3"
+    fake.write_text("""#!/bin/sh
+case "$1" in
+  -c) exit 0 ;;
+  -) cat > /dev/null; exit 0 ;;
+  -m) if [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; exit 0; fi; exit 0 ;;
+esac
+exit 1
+""")
+    fake.chmod(0o755)
+    assert os.access(ROOT / "scripts" / "setup", os.X_OK)
+    env = os.environ | {"HACRL_VENV": str(tmp_path / "venv"), "PYTHON": str(fake)}
+    res = subprocess.run([str(ROOT / "scripts" / "setup")], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("setup: ready: . ") and res.stdout == ""
