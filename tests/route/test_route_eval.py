@@ -160,3 +160,19 @@ def test_queries_from_a_run_config_are_its_held_out_problems_with_their_tasks(tm
     bad.write_text("[run]\nno_such_key = 1\n")
     with pytest.raises(ValueError, match="no_such_key"):
         load_queries(bad)
+
+
+def test_a_local_model_embeds_queries_into_unit_rows(tmp_path):
+    """``--embedder DIR``: mean-pooled last hidden states of a local model (a tiny one here), L2-normalised."""
+    from hacrl_fed.route.embed import load_embedder
+    from hacrl_fed.tiny_models import build_tiny_model
+
+    model = build_tiny_model("tiny-llama-bpe", tmp_path / "m")
+    emb = load_embedder(str(model)).fit([])
+    texts = ["What is 2 plus 3?", "A farm has 4 cows. How many legs?", "What is 2 plus 3?"]
+    e = emb.embed(texts)
+    assert e.shape[0] == 3 and np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    sim = cosine(e, e)
+    assert sim[0, 2] == pytest.approx(1.0, abs=1e-5) and sim[0, 1] < 0.9999
+    with pytest.raises(ValueError, match="--embedder"):
+        load_embedder(str(tmp_path / "none"))
