@@ -234,33 +234,27 @@ def eval_cmd(
 
     from pydantic import ValidationError
 
-    from hacrl_fed.config import VLLM_DEVICES, ModelConfig, format_validation_error
+    from hacrl_fed.config import VLLM_DEVICES, format_validation_error
 
     if engine == "vllm" and device not in VLLM_DEVICES:
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
-    from hacrl_fed.worker.evaluate import DataError, check_data_head, saved_prompt
+    from hacrl_fed.worker.evaluate import DataError, check_data_head, eval_model_config
 
-    try:
-        saved = saved_prompt(model)              # how an export was prompted in training, if it says
+    try:                                         # how an export was prompted in training, if it says
+        model_cfg, saved = eval_model_config(model, template=template, system_prompt=system_prompt, stop=stop,
+                                             device=device, dtype=dtype, engine=engine)
+    except ValidationError as err:
+        fail(format_validation_error(err, "options").replace("\n", "; "))
     except ValueError as err:
         fail(_one_line(err))
     if saved is not None:
         path, rec = saved
         trained = "plain" if rec["template"] == "plain" else "auto"   # the ModelConfig value of the saved kind
-        template = template or trained
-        system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
-        stop = rec["stop_strings"] if stop is None else stop
-        shown = rec["template"] if template == trained else template
+        shown = rec["template"] if model_cfg.chat_template == trained else model_cfg.chat_template
         announce = (f"prompt as in training ({path}; flags override): template {shown}, system prompt "
-                    f"\"{system_prompt}\", stop strings {[s for s in stop if s]}")
-    try:
-        extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
-        model_cfg = ModelConfig(name_or_path=model, device=device, dtype=dtype, chat_template=template or "auto",
-                                engine=engine, stop=None if stop is None else [s for s in stop if s], **extra)
-    except ValidationError as err:
-        fail(format_validation_error(err, "options").replace("\n", "; "))
+                    f"\"{model_cfg.system_prompt}\", stop strings {model_cfg.stop}")
     if not data.is_file():
         fail(f"{data}: no such data file")
     try:                                         # the data's first rows, before the model loads
@@ -487,7 +481,6 @@ def route_eval_cmd(
 ) -> None:
     """Compare routing policies on held-out queries: best single, best per task, kNN, cost-aware, random, oracle."""
     import json
-    import os
 
     from hacrl_fed.route.evaluate import COST_KINDS
     from hacrl_fed.route.measure import parse_model_specs
@@ -497,15 +490,7 @@ def route_eval_cmd(
     if cost not in COST_KINDS:
         fail(f"--cost must be one of {', '.join(COST_KINDS)}, got {cost!r}")
     try:
-        specs = parse_model_specs(model, api_model or [], params or [])
-        keys = {}
-        for item in api_key_env or []:
-            name, sep, var = item.partition("=")
-            if not sep or name not in {s.name for s in specs} or not var:
-                raise ValueError(f"--api-key-env must be NAME=VAR with a --model NAME, got {item!r}")
-            if var not in os.environ:
-                raise ValueError(f"--api-key-env {item}: the variable {var} is not set")
-            keys[name] = os.environ[var]
+        specs, keys = parse_model_specs(model, api_model or [], params or [], api_key_env or [])
         from hacrl_fed.route.embed import load_embedder
 
         load_embedder(embedder)

@@ -72,8 +72,7 @@ def _interval(values: np.ndarray, idx: np.ndarray) -> list[float]:
     return [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
 
 
-def _score(d: RouteData, choice: np.ndarray | None, cost_kind: str, idx: np.ndarray,
-           base: np.ndarray | None) -> dict[str, Any]:
+def _score(d: RouteData, choice: np.ndarray | None, idx: np.ndarray, base: np.ndarray | None) -> dict[str, Any]:
     """One policy's row. ``choice``: (Q,) model per query, or None for ``random`` (the mean over models)."""
     q = np.arange(d.correct.shape[1])
     if choice is None:
@@ -123,7 +122,7 @@ def compare(d: RouteData, *, k: int = 10, cost_kind: str = "param_tokens", seed:
         choices["best_per_task"] = P.best_per_task(d.correct_cal, cost, d.tasks_cal, d.tasks)
     if capability:
         choices["best_per_task (report)"] = _from_capability(d, capability, cost, single)
-    policies = {name: _score(d, c, cost_kind, idx, base) for name, c in choices.items()}
+    policies = {name: _score(d, c, idx, base) for name, c in choices.items()}
     sweep, match = _cost_aware(d, pred, cost, cost_kind, idx, base, k)
     for row in sweep:
         policies.setdefault(f"cost_aware@{row['target']:.2f}", row["row"])
@@ -139,26 +138,25 @@ def _from_capability(d: RouteData, capability: Mapping[str, Mapping[str, float]]
                      single: np.ndarray) -> np.ndarray:
     fallback = int(single[0]) if len(single) else 0
     best: dict[str, int] = {}
-    for task, per in capability.items():
-        scores = np.array([float(per.get(m, -1.0) if per.get(m) is not None else -1.0) for m in d.models])
+    for task, per in capability.items():        # a model the report does not score for a task ranks last
+        scores = np.array([-1.0 if per.get(m) is None else float(per[m]) for m in d.models])
         if (scores >= 0).any():
-            best[task] = int(P._argbest(scores, cost))
+            best[task] = int(P.argbest(scores, cost))
     return np.array([best.get(t, fallback) for t in d.tasks], dtype=int)
 
 
 def _cost_aware(d: RouteData, pred: np.ndarray, cost: np.ndarray, cost_kind: str, idx: np.ndarray,
                 base: np.ndarray, k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    n_q, n_c = d.correct.shape[1], d.correct_cal.shape[1]
-    sweep = [{"target": t, "row": _score(d, P.cost_aware(pred, cost, t), cost_kind, idx, base)} for t in TARGETS]
+    n_c = d.correct_cal.shape[1]
+    sweep = [{"target": t, "row": _score(d, P.cost_aware(pred, cost, t), idx, base)} for t in TARGETS]
     single_acc = float(base.mean())
     reaching = [r for r in sweep if r["row"]["accuracy"] >= single_acc - 1e-12]
     cheapest = min(reaching, key=lambda r: r["row"]["cost"][cost_kind]) if reaching else None
-    # the honest choice of τ: leave-one-out kNN on the calibration split
-    loo = np.array(d.sim_cal, dtype=float, copy=True)
-    np.fill_diagonal(loo, -np.inf)
-    pred_cal = P.knn_predict(loo, d.correct_cal, k) if n_c > 1 else None
     chosen = None
-    if pred_cal is not None:
+    if n_c > 1:                                 # the honest choice of τ: leave-one-out kNN on the calibration split
+        loo = np.array(d.sim_cal, dtype=float, copy=True)
+        np.fill_diagonal(loo, -np.inf)
+        pred_cal = P.knn_predict(loo, d.correct_cal, k)
         cal_single = float(d.correct_cal.mean(axis=1).max())
         cal_cost = d.cost_of(cost_kind, calibration=True)
         ok = []
@@ -168,14 +166,12 @@ def _cost_aware(d: RouteData, pred: np.ndarray, cost: np.ndarray, cost_kind: str
             if acc >= cal_single - 1e-12:
                 ok.append((float(cal_cost[c, np.arange(n_c)].mean()), t))
         if ok:
-            chosen = min(ok)[1]
+            chosen = next(r for r in sweep if r["target"] == min(ok)[1])
     return sweep, {
         "best_single_accuracy": single_acc,
         "cheapest_matching_target": None if cheapest is None else cheapest["target"],
         "cheapest_matching_cost": None if cheapest is None else cheapest["row"]["cost"][cost_kind],
-        "calibration_target": chosen,
-        "calibration_target_accuracy": None if chosen is None else
-        next(r["row"]["accuracy"] for r in sweep if r["target"] == chosen),
-        "calibration_target_cost": None if chosen is None else
-        next(r["row"]["cost"][cost_kind] for r in sweep if r["target"] == chosen),
+        "calibration_target": None if chosen is None else chosen["target"],
+        "calibration_target_accuracy": None if chosen is None else chosen["row"]["accuracy"],
+        "calibration_target_cost": None if chosen is None else chosen["row"]["cost"][cost_kind],
     }

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hacrl_fed.data.problem import Problem
+from hacrl_fed.route.options import check_base_url, check_known, pairs, read_api_key
 
 __all__ = ["ModelSpec", "Outcomes", "measure_endpoint", "measure_local", "parse_model_specs"]
 
@@ -77,33 +78,27 @@ def _parse_params(text: str) -> float:
     return value * scale
 
 
-def parse_model_specs(models: Sequence[str], api_models: Sequence[str] = (), params: Sequence[str] = ()) -> list[ModelSpec]:
-    """``NAME=DIR_OR_URL`` items (+ ``NAME=MODEL`` endpoint model names, ``NAME=135M`` parameter counts) → specs.
+def parse_model_specs(models: Sequence[str], api_models: Sequence[str] = (), params: Sequence[str] = (),
+                      api_key_envs: Sequence[str] = ()) -> tuple[list[ModelSpec], dict[str, str]]:
+    """``NAME=DIR_OR_URL`` items (+ ``NAME=MODEL`` endpoint model names, ``NAME=135M`` parameter counts,
+    ``NAME=VAR`` API-key variables) → ``(specs, {NAME: API key})``, the keys read from the environment now.
 
-    Raises ``ValueError`` (one line) for a malformed item, a duplicate or unknown name, or fewer than two models."""
-    def pairs(items: Sequence[str], what: str) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for item in items:
-            name, sep, value = item.partition("=")
-            if not sep or not name.strip() or not value.strip():
-                raise ValueError(f"{what} must be NAME=VALUE, got {item!r}")
-            if name in out:
-                raise ValueError(f"{what}: {name!r} given twice")
-            out[name.strip()] = value.strip()
-        return out
-
-    targets = pairs(models, "--model")
+    Raises ``ValueError`` (one line) for a malformed item, a bad endpoint URL, a duplicate or unknown name, an
+    unset key variable, or fewer than two models (the parsing of ``route serve``: :mod:`hacrl_fed.route.options`)."""
+    targets = pairs(models, "--model", "DIR_OR_URL")
     if len(targets) < 2:
         raise ValueError(f"routing needs at least two --model NAME=DIR_OR_URL, got {len(targets)}")
-    api, counts = pairs(api_models, "--api-model"), pairs(params, "--params")
-    for name in (*api, *counts):
-        if name not in targets:
-            raise ValueError(f"{name!r} is not a --model name ({', '.join(targets)})")
+    targets = {n: check_base_url(t) if t.startswith(("http://", "https://")) else t for n, t in targets.items()}
+    api, counts = pairs(api_models, "--api-model", "MODEL"), pairs(params, "--params", "COUNT")
+    keys = pairs(api_key_envs, "--api-key-env", "VAR")
+    for option, given in (("--api-model", api), ("--params", counts), ("--api-key-env", keys)):
+        check_known(option, given, targets)
     try:
         sizes = {n: _parse_params(v) for n, v in counts.items()}
     except ValueError as err:
         raise ValueError(f"--params: {err}") from None
-    return [ModelSpec(n, t, api.get(n), sizes.get(n)) for n, t in targets.items()]
+    return ([ModelSpec(n, t, api.get(n), sizes.get(n)) for n, t in targets.items()],
+            {n: read_api_key(n, var) for n, var in keys.items()})
 
 
 def _verify(problems: Sequence[Problem], texts: Sequence[str], verifier) -> list[bool]:
@@ -119,29 +114,20 @@ def measure_local(spec: ModelSpec, problems: Sequence[Problem], *, verifier, max
 
     Raises ``ModelNotFoundError`` / ``ModelLoadError`` when the model cannot be loaded, ``ValueError`` for an
     unreadable ``hacrl_fed_prompt.json``."""
-    from hacrl_fed.config import ModelConfig
-    from hacrl_fed.data.prompts import stop_strings
-    from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.engines import build_engine
-    from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, saved_prompt
-    from hacrl_fed.worker.models import load_model
     import tempfile
 
-    saved = saved_prompt(spec.target)
-    rec = saved[1] if saved else {}
-    extra: dict[str, Any] = {}
-    if system_prompt is not None or rec:
-        extra["system_prompt"] = system_prompt if system_prompt is not None else rec["system_prompt"]
-    cfg = ModelConfig(name_or_path=spec.target, device=device, chat_template="plain" if rec.get("template") == "plain"
-                      else "auto", stop=[s for s in rec.get("stop_strings", []) if s] or None, **extra)
+    from hacrl_fed.rollout.engine import Sampling
+    from hacrl_fed.worker.evaluate import EvalItem, eval_engine, eval_model_config, evaluate_items
+    from hacrl_fed.worker.models import load_model
+
+    cfg, _ = eval_model_config(spec.target, system_prompt=system_prompt, device=device)   # as `hacrl-fed eval`
     lm = load_model(cfg)
     params = spec.params or float(sum(p.numel() for p in lm.model.parameters()))
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens)
     out = Outcomes(spec.name, [], [], [], [], [], params)
     with tempfile.TemporaryDirectory(prefix="hacrl-fed-route-") as work_dir:
-        engine = build_engine(lm, cfg, stop_strings=stop_strings(lm.tokenizer, cfg.chat_template, cfg.stop),
-                              max_batch_sequences=batch_size, work_dir=work_dir, seed=0,
-                              max_model_len=cfg.max_prompt_tokens + max_new_tokens)
+        engine = eval_engine(lm, cfg, max_new_tokens=max_new_tokens, max_batch_sequences=batch_size,
+                             work_dir=work_dir, seed=0)
         for start in range(0, len(problems), batch_size):
             chunk = problems[start:start + batch_size]
             items = [EvalItem(p.id, p.problem, p.answer, p.answer_style) for p in chunk]

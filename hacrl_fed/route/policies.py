@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["best_per_task", "best_single", "cost_aware", "knn_predict", "oracle", "predicted_cost",
+__all__ = ["argbest", "best_per_task", "best_single", "cost_aware", "knn_predict", "oracle", "predicted_cost",
            "rank_models"]
 
 
@@ -48,7 +48,7 @@ def _check(correct: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return correct, cost
 
 
-def _argbest(scores: np.ndarray, cost: np.ndarray) -> np.ndarray:
+def argbest(scores: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Index of the highest score along the last axis; ties → cheaper model → lower index.
 
     ``scores``: (..., M). Scores within 1e-12 of the maximum count as tied."""
@@ -73,7 +73,7 @@ def predicted_cost(tokens: np.ndarray, params: Sequence[float] | None = None) ->
 def best_single(correct: np.ndarray, cost: np.ndarray, n_queries: int) -> np.ndarray:
     """``best_single``: (n_queries,) all the index of the model with the highest mean ``correct`` (M, C)."""
     correct, cost = _check(correct, cost)
-    return np.full(n_queries, int(_argbest(correct.mean(axis=1), cost)), dtype=int)
+    return np.full(n_queries, int(argbest(correct.mean(axis=1), cost)), dtype=int)
 
 
 def best_per_task(correct: np.ndarray, cost: np.ndarray, calibration_tasks: Sequence[str],
@@ -85,9 +85,9 @@ def best_per_task(correct: np.ndarray, cost: np.ndarray, calibration_tasks: Sequ
     correct, cost = _check(correct, cost)
     if len(calibration_tasks) != correct.shape[1]:
         raise ValueError(f"{len(calibration_tasks)} calibration tasks for {correct.shape[1]} calibration queries")
-    overall = int(_argbest(correct.mean(axis=1), cost))
+    overall = int(argbest(correct.mean(axis=1), cost))
     tasks = np.asarray(calibration_tasks, dtype=object)
-    best = {t: int(_argbest(correct[:, tasks == t].mean(axis=1), cost)) for t in set(calibration_tasks)}
+    best = {t: int(argbest(correct[:, tasks == t].mean(axis=1), cost)) for t in set(calibration_tasks)}
     return np.array([best.get(t, overall) for t in query_tasks], dtype=int)
 
 
@@ -131,7 +131,7 @@ def cost_aware(predicted: np.ndarray, cost: np.ndarray, target: float) -> np.nda
     ok = predicted >= target - 1e-12
     order = np.argsort(cost, kind="stable")
     cheapest_ok = order[np.argmax(ok[:, order], axis=1)]
-    return np.where(ok.any(axis=1), cheapest_ok, _argbest(predicted, cost))
+    return np.where(ok.any(axis=1), cheapest_ok, argbest(predicted, cost))
 
 
 def oracle(correct: np.ndarray, cost: np.ndarray) -> np.ndarray:
@@ -145,5 +145,5 @@ def oracle(correct: np.ndarray, cost: np.ndarray) -> np.ndarray:
     # correct first (higher correct wins), then cheaper: score = correct, ties on cost
     best = np.empty(correct.shape[1], dtype=int)
     for q in range(correct.shape[1]):
-        best[q] = int(_argbest(correct[:, q], per_query[:, q]))
+        best[q] = int(argbest(correct[:, q], per_query[:, q]))
     return best

@@ -31,7 +31,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import re
 import socket
 import threading
@@ -40,7 +39,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -48,6 +46,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hacrl_fed.route.options import check_base_url, check_known, pairs, read_api_key
 
 __all__ = ["FALLBACKS_HEADER", "ROUTED_HEADER", "Backend", "Metrics", "backends_from_options", "build_app",
            "check_base_url", "error_response", "fixed_order", "serve"]
@@ -59,27 +59,6 @@ FALLBACKS_HEADER = "x-hacrl-route-fallbacks"
 AUTO = "auto"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 _ENV_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
-def check_base_url(url: str) -> str:
-    """``url`` without a trailing ``/`` when it is an API base ``http(s)://HOST[:PORT]/PATH`` (e.g.
-    ``http://127.0.0.1:8000/v1``); raises ``ValueError`` naming the problem (no scheme or host, credentials,
-    query or fragment in it, a bad port, no path)."""
-    if not isinstance(url, str) or not url or len(url) > 2000 or any(c.isspace() for c in url):
-        raise ValueError(f"{str(url)[:80]!r} is not a URL")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url!r} is not an http(s)://HOST:PORT/v1 URL")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise ValueError(f"{parts.scheme}://{parts.hostname}...: a base URL has no credentials, query or fragment "
-                         "(an API key goes in --api-key-env)")
-    try:
-        parts.port
-    except ValueError:
-        raise ValueError(f"{url!r}: bad port") from None
-    if parts.path.strip("/") == "":
-        raise ValueError(f"{url!r} has no path: give the API base, e.g. {parts.scheme}://{parts.netloc}/v1")
-    return url.rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -122,19 +101,6 @@ class Backend:
             raise ValueError(f"backend {self.name}: timeout_s must be a number > 0, got {timeout!r}")
 
 
-def _pairs(values: Sequence[str], option: str, what: str) -> dict[str, str]:
-    """``NAME=WHAT`` strings → {NAME: WHAT}; ValueError for a missing ``=``, an empty side or a repeated NAME."""
-    out: dict[str, str] = {}
-    for value in values:
-        name, sep, rest = value.partition("=")
-        if not sep or not name.strip() or not rest.strip():
-            raise ValueError(f"{option} {value[:120]!r}: expected NAME={what}")
-        if name.strip() in out:
-            raise ValueError(f"{option}: {name.strip()!r} is given twice")
-        out[name.strip()] = rest.strip()
-    return out
-
-
 def backends_from_options(models: Sequence[str], *, api_models: Sequence[str] = (),
                           api_key_envs: Sequence[str] = (), timeout_s: float = 120.0) -> list[Backend]:
     """Backends from ``NAME=URL`` strings (``--model``), in their order, with ``NAME=MODEL`` upstream model names
@@ -142,12 +108,10 @@ def backends_from_options(models: Sequence[str], *, api_models: Sequence[str] = 
     value: none given, no ``=``, a bad name or URL, a name given twice, an override for an unknown name."""
     if not models:
         raise ValueError("give at least one --model NAME=URL")
-    urls = _pairs(models, "--model", "URL")
-    upstream, keys = _pairs(api_models, "--api-model", "MODEL"), _pairs(api_key_envs, "--api-key-env", "VAR")
-    for option, given in (("--api-model", upstream), ("--api-key-env", keys)):
-        unknown = sorted(set(given) - set(urls))
-        if unknown:
-            raise ValueError(f"{option} names {', '.join(unknown)}, which no --model names")
+    urls = pairs(models, "--model", "URL")
+    upstream, keys = pairs(api_models, "--api-model", "MODEL"), pairs(api_key_envs, "--api-key-env", "VAR")
+    check_known("--api-model", upstream, urls)
+    check_known("--api-key-env", keys, urls)
     return [Backend(name, url, model=upstream.get(name, ""), api_key_env=keys.get(name), timeout_s=timeout_s)
             for name, url in urls.items()]
 
@@ -380,7 +344,7 @@ class _Router:
             raise ValueError("two backends have the same name")
         self.rank, self.limits = rank, limits
         self.metrics = Metrics(list(self.backends))
-        self.keys = {b.name: _read_key(b) for b in backends if b.api_key_env}
+        self.keys = {b.name: read_api_key(b.name, b.api_key_env) for b in backends if b.api_key_env}
         self.http: httpx.AsyncClient | None = None
 
     async def chat(self, request: Request) -> Response:
@@ -548,13 +512,6 @@ class _Relay:
         elif not self.done:
             note = f"the client went away after {self.sent} bytes"
         self.router.record_answer(self.trace, self.backend.name, self.started, note)
-
-
-def _read_key(backend: Backend) -> str:
-    key = os.environ.get(backend.api_key_env or "", "")
-    if not key:
-        raise ValueError(f"backend {backend.name}: the API key variable {backend.api_key_env!r} is not set")
-    return key
 
 
 def _is_json_object(data: bytes) -> bool:

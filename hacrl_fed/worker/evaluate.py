@@ -23,8 +23,8 @@ from typing import Any
 from hacrl_fed.atomic import atomic_write_text
 from hacrl_fed.data.problem import DataError
 
-__all__ = ["DataError", "EvalItem", "check_data_head", "ProblemResult", "evaluate_items", "format_summary", "pass_at_k", "run_eval",
-           "saved_prompt", "summarize", "write_jsonl"]
+__all__ = ["DataError", "EvalItem", "check_data_head", "ProblemResult", "eval_engine", "eval_model_config",
+           "evaluate_items", "format_summary", "pass_at_k", "run_eval", "saved_prompt", "summarize", "write_jsonl"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -207,6 +207,39 @@ def saved_prompt(model: str) -> tuple[Path, dict[str, Any]] | None:
     return None if rec is None else (Path(model).expanduser() / PROMPT_FILE, rec)
 
 
+def eval_model_config(model: str, *, template: str | None = None, system_prompt: str | None = None,
+                      stop: Sequence[str] | None = None, **fields: Any) -> tuple[Any, tuple[Path, dict[str, Any]] | None]:
+    """The ``ModelConfig`` to evaluate ``model`` with, and its :func:`saved_prompt` (or None).
+
+    An export is prompted as it was trained: its saved template (``plain`` or ``auto`` for a chat export), system
+    prompt and stop strings, each unless given here (``stop`` entries that are empty are dropped: ``[""]`` means
+    none). ``fields``: other ``ModelConfig`` fields (device, dtype, engine …). Raises ``ValueError`` for an
+    unreadable prompt file, pydantic's ``ValidationError`` (a ``ValueError``) for bad fields."""
+    from hacrl_fed.config import ModelConfig
+
+    saved = saved_prompt(model)
+    if saved is not None:
+        rec = saved[1]
+        template = template or ("plain" if rec["template"] == "plain" else "auto")
+        system_prompt = rec["system_prompt"] if system_prompt is None else system_prompt
+        stop = rec["stop_strings"] if stop is None else stop
+    extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
+    cfg = ModelConfig(name_or_path=model, chat_template=template or "auto",
+                      stop=None if stop is None else [s for s in stop if s], **extra, **fields)
+    return cfg, saved
+
+
+def eval_engine(lm, model_cfg, *, max_new_tokens: int, max_batch_sequences: int, work_dir: str, seed: int):
+    """The rollout engine ``model_cfg.engine`` names for evaluating the loaded ``lm``: the template's stop strings,
+    room for the longest prompt plus ``max_new_tokens``."""
+    from hacrl_fed.data.prompts import stop_strings
+    from hacrl_fed.worker.engines import build_engine
+
+    return build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop),
+                        max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed,
+                        max_model_len=model_cfg.max_prompt_tokens + max_new_tokens)
+
+
 def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, sampling: Any,
              limit: int | None = None, seed: int = 0, answer_style: str | None = None,
              verifier_cfg=None, max_batch_sequences: int = 32, show_progress: bool = True) -> dict[str, float]:
@@ -220,8 +253,7 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     """
     import tempfile
 
-    from hacrl_fed.data.prompts import stop_strings
-    from hacrl_fed.worker.engines import build_engine, require_engine
+    from hacrl_fed.worker.engines import require_engine
     from hacrl_fed.worker.models import load_model
 
     items = _load_items(data, limit, answer_style)
@@ -230,10 +262,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
     require_engine(model_cfg.engine)                     # before the model loads
     lm = load_model(model_cfg)
     with tempfile.TemporaryDirectory(prefix="hacrl-fed-eval-") as work_dir:
-        engine = build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template,
-                                                                       model_cfg.stop),
-                              max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed,
-                              max_model_len=model_cfg.max_prompt_tokens + sampling.max_new_tokens)
+        engine = eval_engine(lm, model_cfg, max_new_tokens=sampling.max_new_tokens,
+                             max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed)
         return _run_items(engine, lm, model_cfg, items, samples=samples, out=out, sampling=sampling, seed=seed,
                           verifier_cfg=verifier_cfg, max_batch_sequences=max_batch_sequences,
                           show_progress=show_progress)

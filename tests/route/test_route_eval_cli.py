@@ -54,9 +54,10 @@ def test_route_eval_compares_policies_writes_its_files_and_reuses_outcomes(tmp_p
 @pytest.mark.parametrize("extra, message", [
     (["--model", "only=tiny-llama-bpe"], "at least two"),
     (["--model", "a=tiny-llama-bpe", "--model", "a=tiny-gemma-unigram"], "given twice"),
-    (["--model", "a=tiny-llama-bpe", "--model", "noequals"], "NAME=VALUE"),
+    (["--model", "a=tiny-llama-bpe", "--model", "noequals"], "expected NAME=DIR_OR_URL"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--cost", "dollars"], "--cost"),
-    (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--params", "c=1M"], "not a --model"),
+    (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--params", "c=1M"], "which no --model names"),
+    (["--model", "a=tiny-llama-bpe", "--model", "b=http://127.0.0.1:9"], "has no path"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--params", "b=-3"], "--params"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--embedder", "/no/such/dir"], "--embedder"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=http://127.0.0.1:9/v1", "--api-key-env", "b=HACRL_NO_SUCH_VAR"],
