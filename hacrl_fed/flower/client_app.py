@@ -113,6 +113,7 @@ def train(msg: Message, context: Context) -> Message:
             capabilities=_parse(rpb.CapabilityTable, order.table, "capability-table"),
             envelopes=[_parse(rpb.SignedEnvelope, env, f"pool.{name}") for name, env in sorted(order.envelopes.items())],
             deadline_unix_s=time.time() + _time_left(msg), notice=order.notice,
+            peer_plans=[_parse(rpb.RoundPlan, p, f"peer-round-plans[{i}]") for i, p in enumerate(order.peer_plans)],
         )
         if order.checkpoint_every is not None:
             request.checkpoint_every = max(0, min(int(order.checkpoint_every), 2**32 - 1))

@@ -30,7 +30,7 @@ other side. Besides ``flwr.app`` it imports only the plain
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -127,6 +127,8 @@ MAX_METRICS = 256
 """Metric entries kept from one reply record (a hostile site must not bloat the coordinator's log)."""
 MAX_TEXT = 1000
 """Characters kept of a reply's free-text fields."""
+MAX_PEER_PLANS = 64
+"""Plans of peer batches one asynchronous train order may carry (a site reads no more)."""
 
 
 def _read_metrics(content: RecordDict, name: str) -> dict[str, float]:
@@ -173,16 +175,22 @@ class TrainOrder:
     checkpoint_every: int | None = None
     """The run's checkpoint interval (0: never; None: not said)."""
     notice: str = ""
+    peer_plans: tuple[bytes, ...] = ()
+    """Asynchronous runs: the serialized RoundPlans that pooled peer batches of other steps answer."""
 
 
 def train_order(plan: bytes, table: bytes, envelopes: Mapping[str, bytes], *, checkpoint: bool = False,
-                next_plan: bytes = b"", checkpoint_every: int | None = None, notice: str = "") -> RecordDict:
-    """Train order: pooled envelopes by agent, RoundPlan, CapabilityTable, checkpoint flag, next plan, and
-    (optional) the run's checkpoint interval and what the site is told."""
+                next_plan: bytes = b"", checkpoint_every: int | None = None, notice: str = "",
+                peer_plans: Sequence[bytes] = ()) -> RecordDict:
+    """Train order: pooled envelopes by pool key (the agent; ``agent@step`` in asynchronous runs), RoundPlan,
+    CapabilityTable, checkpoint flag, next plan, and (optional) the run's checkpoint interval, what the site is
+    told and the plans of peer batches of other steps (``peer_plans``, asynchronous runs)."""
     pool = ArrayRecord({agent: envelope_array(env) for agent, env in envelopes.items()})
     cfg = ConfigRecord({"round-plan": plan, "capability-table": table, "checkpoint": bool(checkpoint)})
     if next_plan:
         cfg["next-round-plan"] = next_plan
+    if peer_plans:
+        cfg["peer-round-plans"] = [bytes(p) for p in peer_plans]
     if checkpoint_every is not None:
         cfg["checkpoint-every"] = int(checkpoint_every)
     if notice:
@@ -201,7 +209,19 @@ def read_train_order(content: RecordDict) -> TrainOrder:
         next_plan=_value(cfg, "next-round-plan", bytes, "plan", b""),
         checkpoint_every=_value(cfg, "checkpoint-every", int, "plan", None),
         notice=read_notice(content),
+        peer_plans=_peer_plans(cfg),
     )
+
+
+def _peer_plans(cfg: ConfigRecord) -> tuple[bytes, ...]:
+    """The ``peer-round-plans`` of a train order: a list of at most :data:`MAX_PEER_PLANS` byte strings, or none.
+    Raises ProtocolError."""
+    value = cfg.get("peer-round-plans", [])
+    if not isinstance(value, list) or not all(isinstance(v, bytes) for v in value):
+        raise ProtocolError("plan.peer-round-plans must be a list of bytes")
+    if len(value) > MAX_PEER_PLANS:
+        raise ProtocolError(f"plan.peer-round-plans holds {len(value)} plans, at most {MAX_PEER_PLANS}")
+    return tuple(value)
 
 
 def eval_order(request: bytes) -> RecordDict:

@@ -14,7 +14,8 @@ with a stable :class:`Reason` code (metrics key) and a one-line detail (log line
    sample indices 0..G-1 with no duplicate and none missing, finite reward in [0, 1], finite
    behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over 1..``max_new_tokens`` tokens when present, a
    response text of at most :func:`max_response_chars` characters, a known verdict and finish reason,
-   a model fingerprint of at most :data:`MAX_FINGERPRINT_CHARS` printable ASCII characters.
+   a model fingerprint of at most :data:`MAX_FINGERPRINT_CHARS` printable ASCII characters, a model version
+   (when set) below the batch's step.
    The behaviour log-prob is optional (presence flag, :func:`has_behaviour_logprob`): a row that has it
    must carry a finite sum ≤ 0 over ≥ 1 token (and an EOS term only as described at :func:`eos_logprob_ok`);
    a row without it carries no EOS term and a token count of 0 (unknown) .. ``max_new_tokens``.
@@ -77,6 +78,8 @@ class Reason(enum.StrEnum):
     """A response text longer than the plan's ``max_new_tokens`` tokens can decode to."""
     BAD_FINGERPRINT = "bad_fingerprint"
     """A model fingerprint that is too long or not printable ASCII."""
+    BAD_VERSION = "bad_version"
+    """A model version at or above the batch's step (weights cannot have trained the step they answer)."""
     BAD_VERDICT = "bad_verdict"
     BAD_FINISH_REASON = "bad_finish_reason"
     DUPLICATE_AGENT = "duplicate_agent"
@@ -200,6 +203,9 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
     if len(fingerprint) > MAX_FINGERPRINT_CHARS or not (fingerprint.isascii() and fingerprint.isprintable()):
         raise BatchRejected(Reason.BAD_FINGERPRINT, f"model_fingerprint of {len(fingerprint)} characters "
                             f"(at most {MAX_FINGERPRINT_CHARS} printable ASCII)", rows=rows)
+    if batch.HasField("model_version") and batch.model_version >= batch.step:
+        raise BatchRejected(Reason.BAD_VERSION, f"model_version {batch.model_version} is not below the batch's "
+                            f"step {batch.step}", rows=rows)
     known = set(prompt_ids)
     unknown = [repr(r.prompt_id[:40]) for r in batch.rollouts if r.prompt_id not in known]
     if unknown:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahacrl_fed/v1/rollout.proto\x12\x0chacrl_fed.v1\"i\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"k\n\nPromptItem\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x10reference_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x61nswer_style\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\"\xb9\x01\n\tRoundPlan\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1a\n\x12samples_per_prompt\x18\x03 \x01(\r\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\x12)\n\x07prompts\x18\x05 \x03(\x0b\x32\x18.hacrl_fed.v1.PromptItem\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x06 \x01(\x01\"\xcf\x02\n\x07Rollout\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x15\n\rresponse_text\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x07verdict\x18\x05 \x01(\x0e\x32\x15.hacrl_fed.v1.Verdict\x12\"\n\x15\x62\x65haviour_logprob_sum\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x15\x62\x65haviour_token_count\x18\x07 \x01(\r\x12\x31\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1a.hacrl_fed.v1.FinishReason\x12\"\n\x15\x62\x65haviour_eos_logprob\x18\t \x01(\x01H\x01\x88\x01\x01\x42\x18\n\x16_behaviour_logprob_sumB\x18\n\x16_behaviour_eos_logprob\"\xb2\x01\n\x0cRolloutBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\x12\'\n\x08rollouts\x18\x05 \x03(\x0b\x32\x15.hacrl_fed.v1.Rollout\x12.\n\x08sampling\x18\x06 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\"D\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"\xe1\x01\n\x0f\x41gentCapability\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ncapability\x18\x02 \x01(\x01\x12\x0e\n\x06window\x18\x03 \x03(\x01\x12\x15\n\rstep_accuracy\x18\x04 \x01(\x01\x12J\n\x0ftask_capability\x18\x05 \x03(\x0b\x32\x31.hacrl_fed.v1.AgentCapability.TaskCapabilityEntry\x1a\x35\n\x13TaskCapabilityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x85\x01\n\x10RewardCorrection\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x07verdict\x18\x05 \x01(\x0e\x32\x15.hacrl_fed.v1.Verdict\"\xa3\x01\n\x0f\x43\x61pabilityTable\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12-\n\x06\x61gents\x18\x03 \x03(\x0b\x32\x1d.hacrl_fed.v1.AgentCapability\x12\x33\n\x0b\x63orrections\x18\x04 \x03(\x0b\x32\x1e.hacrl_fed.v1.RewardCorrection\x12\x0e\n\x06warmup\x18\x05 \x01(\x08\"\x90\x01\n\rSourceMetrics\x12\x14\n\x0csource_agent\x18\x01 \x01(\t\x12\x39\n\x07metrics\x18\x02 \x03(\x0b\x32(.hacrl_fed.v1.SourceMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe9\x01\n\x0bTrainReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x37\n\x07metrics\x18\x04 \x03(\x0b\x32&.hacrl_fed.v1.TrainReport.MetricsEntry\x12/\n\nper_source\x18\x05 \x03(\x0b\x32\x1b.hacrl_fed.v1.SourceMetrics\x12\x10\n\x08rejected\x18\x06 \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*R\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x43ORRECT\x10\x01\x12\r\n\tINCORRECT\x10\x02\x12\x12\n\x0eVERIFIER_ERROR\x10\x03*C\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahacrl_fed/v1/rollout.proto\x12\x0chacrl_fed.v1\"i\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"k\n\nPromptItem\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x18\n\x10reference_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x61nswer_style\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\"\xb9\x01\n\tRoundPlan\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1a\n\x12samples_per_prompt\x18\x03 \x01(\r\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\x12)\n\x07prompts\x18\x05 \x03(\x0b\x32\x18.hacrl_fed.v1.PromptItem\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x06 \x01(\x01\"\xcf\x02\n\x07Rollout\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x15\n\rresponse_text\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x07verdict\x18\x05 \x01(\x0e\x32\x15.hacrl_fed.v1.Verdict\x12\"\n\x15\x62\x65haviour_logprob_sum\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x1d\n\x15\x62\x65haviour_token_count\x18\x07 \x01(\r\x12\x31\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x1a.hacrl_fed.v1.FinishReason\x12\"\n\x15\x62\x65haviour_eos_logprob\x18\t \x01(\x01H\x01\x88\x01\x01\x42\x18\n\x16_behaviour_logprob_sumB\x18\n\x16_behaviour_eos_logprob\"\xe0\x01\n\x0cRolloutBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\x12\'\n\x08rollouts\x18\x05 \x03(\x0b\x32\x15.hacrl_fed.v1.Rollout\x12.\n\x08sampling\x18\x06 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\x12\x1a\n\rmodel_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x10\n\x0e_model_version\"D\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\"\xe1\x01\n\x0f\x41gentCapability\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\ncapability\x18\x02 \x01(\x01\x12\x0e\n\x06window\x18\x03 \x03(\x01\x12\x15\n\rstep_accuracy\x18\x04 \x01(\x01\x12J\n\x0ftask_capability\x18\x05 \x03(\x0b\x32\x31.hacrl_fed.v1.AgentCapability.TaskCapabilityEntry\x1a\x35\n\x13TaskCapabilityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x85\x01\n\x10RewardCorrection\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12&\n\x07verdict\x18\x05 \x01(\x0e\x32\x15.hacrl_fed.v1.Verdict\"\xa3\x01\n\x0f\x43\x61pabilityTable\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12-\n\x06\x61gents\x18\x03 \x03(\x0b\x32\x1d.hacrl_fed.v1.AgentCapability\x12\x33\n\x0b\x63orrections\x18\x04 \x03(\x0b\x32\x1e.hacrl_fed.v1.RewardCorrection\x12\x0e\n\x06warmup\x18\x05 \x01(\x08\"\x90\x01\n\rSourceMetrics\x12\x14\n\x0csource_agent\x18\x01 \x01(\t\x12\x39\n\x07metrics\x18\x02 \x03(\x0b\x32(.hacrl_fed.v1.SourceMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe9\x01\n\x0bTrainReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x37\n\x07metrics\x18\x04 \x03(\x0b\x32&.hacrl_fed.v1.TrainReport.MetricsEntry\x12/\n\nper_source\x18\x05 \x03(\x0b\x32\x1b.hacrl_fed.v1.SourceMetrics\x12\x10\n\x08rejected\x18\x06 \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*R\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x43ORRECT\x10\x01\x12\r\n\tINCORRECT\x10\x02\x12\x12\n\x0eVERIFIER_ERROR\x10\x03*C\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SOURCEMETRICS_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_TRAINREPORT_METRICSENTRY']._loaded_options = None
   _globals['_TRAINREPORT_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_VERDICT']._serialized_start=1950
-  _globals['_VERDICT']._serialized_end=2032
-  _globals['_FINISHREASON']._serialized_start=2034
-  _globals['_FINISHREASON']._serialized_end=2101
+  _globals['_VERDICT']._serialized_start=1996
+  _globals['_VERDICT']._serialized_end=2078
+  _globals['_FINISHREASON']._serialized_start=2080
+  _globals['_FINISHREASON']._serialized_end=2147
   _globals['_SAMPLINGPARAMS']._serialized_start=44
   _globals['_SAMPLINGPARAMS']._serialized_end=149
   _globals['_PROMPTITEM']._serialized_start=151
@@ -50,23 +50,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUT']._serialized_start=449
   _globals['_ROLLOUT']._serialized_end=784
   _globals['_ROLLOUTBATCH']._serialized_start=787
-  _globals['_ROLLOUTBATCH']._serialized_end=965
-  _globals['_SIGNEDENVELOPE']._serialized_start=967
-  _globals['_SIGNEDENVELOPE']._serialized_end=1035
-  _globals['_AGENTCAPABILITY']._serialized_start=1038
-  _globals['_AGENTCAPABILITY']._serialized_end=1263
-  _globals['_AGENTCAPABILITY_TASKCAPABILITYENTRY']._serialized_start=1210
-  _globals['_AGENTCAPABILITY_TASKCAPABILITYENTRY']._serialized_end=1263
-  _globals['_REWARDCORRECTION']._serialized_start=1266
-  _globals['_REWARDCORRECTION']._serialized_end=1399
-  _globals['_CAPABILITYTABLE']._serialized_start=1402
-  _globals['_CAPABILITYTABLE']._serialized_end=1565
-  _globals['_SOURCEMETRICS']._serialized_start=1568
-  _globals['_SOURCEMETRICS']._serialized_end=1712
-  _globals['_SOURCEMETRICS_METRICSENTRY']._serialized_start=1666
-  _globals['_SOURCEMETRICS_METRICSENTRY']._serialized_end=1712
-  _globals['_TRAINREPORT']._serialized_start=1715
-  _globals['_TRAINREPORT']._serialized_end=1948
-  _globals['_TRAINREPORT_METRICSENTRY']._serialized_start=1666
-  _globals['_TRAINREPORT_METRICSENTRY']._serialized_end=1712
+  _globals['_ROLLOUTBATCH']._serialized_end=1011
+  _globals['_SIGNEDENVELOPE']._serialized_start=1013
+  _globals['_SIGNEDENVELOPE']._serialized_end=1081
+  _globals['_AGENTCAPABILITY']._serialized_start=1084
+  _globals['_AGENTCAPABILITY']._serialized_end=1309
+  _globals['_AGENTCAPABILITY_TASKCAPABILITYENTRY']._serialized_start=1256
+  _globals['_AGENTCAPABILITY_TASKCAPABILITYENTRY']._serialized_end=1309
+  _globals['_REWARDCORRECTION']._serialized_start=1312
+  _globals['_REWARDCORRECTION']._serialized_end=1445
+  _globals['_CAPABILITYTABLE']._serialized_start=1448
+  _globals['_CAPABILITYTABLE']._serialized_end=1611
+  _globals['_SOURCEMETRICS']._serialized_start=1614
+  _globals['_SOURCEMETRICS']._serialized_end=1758
+  _globals['_SOURCEMETRICS_METRICSENTRY']._serialized_start=1712
+  _globals['_SOURCEMETRICS_METRICSENTRY']._serialized_end=1758
+  _globals['_TRAINREPORT']._serialized_start=1761
+  _globals['_TRAINREPORT']._serialized_end=1994
+  _globals['_TRAINREPORT_METRICSENTRY']._serialized_start=1712
+  _globals['_TRAINREPORT_METRICSENTRY']._serialized_end=1758
 # @@protoc_insertion_point(module_scope)

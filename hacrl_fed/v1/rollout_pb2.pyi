@@ -94,20 +94,22 @@ class Rollout(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_text: _Optional[str] = ..., reward: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., behaviour_logprob_sum: _Optional[float] = ..., behaviour_token_count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., behaviour_eos_logprob: _Optional[float] = ...) -> None: ...
 
 class RolloutBatch(_message.Message):
-    __slots__ = ("run_id", "step", "agent_id", "model_fingerprint", "rollouts", "sampling")
+    __slots__ = ("run_id", "step", "agent_id", "model_fingerprint", "rollouts", "sampling", "model_version")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     agent_id: str
     model_fingerprint: str
     rollouts: _containers.RepeatedCompositeFieldContainer[Rollout]
     sampling: SamplingParams
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., agent_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    model_version: int
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., agent_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class SignedEnvelope(_message.Message):
     __slots__ = ("payload", "signature", "key_id")

@@ -32,7 +32,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, envelope: _Optional[_Union[_rollout_pb2.SignedEnvelope, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("run_id", "step", "envelopes", "capabilities", "plan", "deadline_unix_s", "checkpoint_every", "notice")
+    __slots__ = ("run_id", "step", "envelopes", "capabilities", "plan", "deadline_unix_s", "checkpoint_every", "notice", "peer_plans")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ENVELOPES_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class TrainRequest(_message.Message):
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     NOTICE_FIELD_NUMBER: _ClassVar[int]
+    PEER_PLANS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     envelopes: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.SignedEnvelope]
@@ -49,7 +50,8 @@ class TrainRequest(_message.Message):
     deadline_unix_s: float
     checkpoint_every: int
     notice: str
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., envelopes: _Optional[_Iterable[_Union[_rollout_pb2.SignedEnvelope, _Mapping]]] = ..., capabilities: _Optional[_Union[_rollout_pb2.CapabilityTable, _Mapping]] = ..., plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., notice: _Optional[str] = ...) -> None: ...
+    peer_plans: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.RoundPlan]
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., envelopes: _Optional[_Iterable[_Union[_rollout_pb2.SignedEnvelope, _Mapping]]] = ..., capabilities: _Optional[_Union[_rollout_pb2.CapabilityTable, _Mapping]] = ..., plan: _Optional[_Union[_rollout_pb2.RoundPlan, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., notice: _Optional[str] = ..., peer_plans: _Optional[_Iterable[_Union[_rollout_pb2.RoundPlan, _Mapping]]] = ...) -> None: ...
 
 class EvaluateRequest(_message.Message):
     __slots__ = ("prompts", "samples", "sampling", "run_id")

@@ -401,6 +401,7 @@ class AgentWorker:
     def _batch(self, plan, sampling: Sampling, order, samples, verdicts) -> pb.RolloutBatch:
         batch = pb.RolloutBatch(
             run_id=plan.run_id, step=plan.step, agent_id=self.name, model_fingerprint=self.fingerprint,
+            model_version=self.trainer.step,
             sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                        max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
         for s, (reward, verdict) in zip(samples, verdicts):

@@ -156,6 +156,13 @@ def test_records_reject_wrong_types():
     rd = records.train_order(b"p", b"t", {"a": b"1", "b": b"22"})
     assert records.read_train_order(rd) == records.TrainOrder(b"p", b"t", {"a": b"1", "b": b"22"})
     assert records.content_bytes(rd) > 3
+    rd = records.train_order(b"p", b"t", {"a@3": b"1"}, peer_plans=[b"plan-3", b"plan-4"])
+    assert records.read_train_order(rd).peer_plans == (b"plan-3", b"plan-4")
+    with pytest.raises(records.ProtocolError, match="peer-round-plans"):
+        records.read_train_order(records.train_order(b"p", b"t", {}, peer_plans=[b"x"] * (records.MAX_PEER_PLANS + 1)))
+    rd["plan"]["peer-round-plans"] = ["text"]
+    with pytest.raises(records.ProtocolError, match="peer-round-plans"):
+        records.read_train_order(rd)
 
 
 @pytest.mark.parametrize("module", ["hacrl_fed.flower.client_app", "hacrl_fed.flower.records",

@@ -130,6 +130,11 @@ def _missing(b: pb.RolloutBatch) -> None:
     del b.rollouts[-1]
 
 
+def _version_of_its_own_step(b: pb.RolloutBatch) -> None:
+    """Weights that claim to have trained the step they answer."""
+    b.model_version = b.step
+
+
 HOSTILE: dict[str, tuple[Builder, Reason]] = {
     "tampered": (_tampered, Reason.BAD_SIGNATURE),
     "foreign_key": (_foreign_key, Reason.BAD_SIGNATURE),
@@ -154,6 +159,7 @@ HOSTILE: dict[str, tuple[Builder, Reason]] = {
     "sample_index_out_of_range": (_rows(_set("sample_index", 10_000)), Reason.BAD_SAMPLE_INDEX),
     "duplicate_sample": (_rows(_duplicate), Reason.DUPLICATE_SAMPLE),
     "missing_samples": (_rows(_missing), Reason.MISSING_SAMPLE),
+    "version_not_below_step": (_rows(_version_of_its_own_step), Reason.BAD_VERSION),
     "garbage": (lambda plan, agent, keys, max_bytes: b"\x0a\xff\xff\xff\xff\x0fnot a protobuf", Reason.MALFORMED),
 }
 """name → (builder(plan, attacker name, keys, max_bytes) → envelope bytes, expected reason)."""

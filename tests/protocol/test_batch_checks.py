@@ -17,7 +17,7 @@ from hostile import HOSTILE, envelope_bytes, honest_batch
 MAX_BYTES = 64 * 1024
 CONTENT = {Reason.UNKNOWN_PROMPT, Reason.BAD_SAMPLE_INDEX, Reason.DUPLICATE_SAMPLE, Reason.MISSING_SAMPLE,
            Reason.BAD_REWARD, Reason.BAD_LOGPROB, Reason.BAD_TOKEN_COUNT, Reason.BAD_VERDICT,
-           Reason.BAD_FINISH_REASON}
+           Reason.BAD_FINISH_REASON, Reason.BAD_VERSION}
 """Reasons of :func:`~hacrl_fed.protocol.validation.check_rollouts` (the rest are envelope checks)."""
 ENVELOPES = sorted(case for case in HOSTILE if case != "garbage")
 """Every hostile delivery that is a SignedEnvelope at all (a site only ever receives envelopes)."""
