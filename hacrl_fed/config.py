@@ -360,6 +360,15 @@ class RunConfig(Strict):
     eval_every: NonNegInt = 0
     """Evaluate on the held-out split every N steps (0 = only before and after)."""
     seed: int = 0
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: every step waits for every site (the paper's setting). ``async``: every site generates and trains
+    at its own pace, learning from the peer batches that arrived since its last update (docs/async.md); ``steps``
+    is then each site's number of updates."""
+    max_staleness: NonNegInt = 4
+    """Asynchronous runs: a peer batch reaches a learner only while its source has trained at most this many times
+    since generating it (TRL AsyncGRPO ``max_staleness``, default 4); staler rows are dropped and counted."""
+    max_row_age_s: PositiveFloat = 3600.0
+    """Asynchronous runs: a peer batch accepted longer ago than this (seconds) is dropped and counted."""
     output_dir: str = "runs"
     report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
     """Where the coordinator's metrics go besides ``metrics.jsonl`` (always written; TRL ``report_to``):

@@ -79,6 +79,8 @@ class Order:
     request: bytes = b""
     checkpoint_every: int | None = None
     notice: str = ""
+    peer_plans: tuple[bytes, ...] = ()
+    """Train orders of asynchronous runs: the serialized plans of pooled peer batches of other steps."""
 
 
 @dataclass
@@ -167,13 +169,17 @@ def resume_settings(run: RunConfig) -> dict[str, Any]:
 
 
 def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
-    """Run (or resume) the run until ``run.steps`` steps are done. Returns the final state.
+    """Run (or resume) the synchronous run until ``run.steps`` steps are done. Returns the final state. (With
+    ``run.mode = "async"`` every site goes at its own pace: :func:`hacrl_fed.coordinator.async_rounds.run_async`;
+    this function refuses such a run with ValueError.)
 
     Raises StateError (one line naming the file) when the saved state or the metrics log is unusable
     (:func:`~hacrl_fed.coordinator.state.load_state`, :class:`~hacrl_fed.coordinator.state.MetricsLog`), belongs to
     different run settings, or its sampler or capability state cannot be restored; agent failures never raise.
     """
     run = setup.run
+    if run.mode != "sync":
+        raise ValueError(f"run.mode = {run.mode!r}: run it with hacrl_fed.coordinator.async_rounds.run_async")
     digest = run_digest(resume_settings(run))
     state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, steps=run.steps,
                        root=setup.run_dir)

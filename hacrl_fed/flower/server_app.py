@@ -2,7 +2,8 @@
 
 ``main`` reads the resolved server config that ``hacrl-fed server`` wrote (its path arrives in the
 run config as ``config-path``), loads the roster, the dataset, the prompt sampler and the verifier,
-and runs :func:`hacrl_fed.coordinator.rounds.run_coordinator` over :class:`FlowerTransport`.
+and runs :func:`hacrl_fed.coordinator.rounds.run_coordinator` (or, with ``run.mode = "async"``,
+:func:`hacrl_fed.coordinator.async_rounds.run_async`) over :class:`FlowerTransport`.
 
 :class:`FlowerTransport` maps the loop's three verbs onto Flower messages
 (:mod:`hacrl_fed.flower.records`): one message per order with an explicit TTL (the phase
@@ -29,6 +30,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from hacrl_fed.config import ServerConfig
+from hacrl_fed.coordinator.async_rounds import run_async
 from hacrl_fed.coordinator.rounds import Node, Order, Reply, Setup, run_coordinator
 from hacrl_fed.flower import records
 from hacrl_fed.logs import log_to_stdout
@@ -116,12 +118,6 @@ class _Pulls:
                        or (mid in self._started and self._started[mid] <= since and now - self._started[mid] >= stall_s)
                        for mid in ids)
 
-    def forget(self) -> None:
-        """Drop what finished pulls left (an exchange is over; pulls still in flight stay known)."""
-        with self._lock:
-            self._finished.clear()
-            self._done.clear()
-
     def _pull(self, mid: str) -> None:
         got: list[Message] = []
         try:
@@ -155,6 +151,9 @@ class FlowerTransport:
     again (a worker refuses to train a step twice, so a repeated train order cannot apply an update twice).
     Replies are pulled one message per thread (:class:`_Pulls`), so such a half-pushed reply, which Flower
     holds for 180 s, does not stall the other nodes' replies.
+
+    **Exchanges may overlap** (asynchronous rounds send each node's order from its own thread): every exchange
+    pulls only the replies to its own messages.
     """
 
     def __init__(self, grid: Grid, *, poll_s: float = 0.5, probe_after_s: float = PROBE_AFTER_S,
@@ -162,7 +161,7 @@ class FlowerTransport:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  pull_threads: bool = True) -> None:
         self.grid = grid
-        self._pulls = _Pulls(grid, clock, threads=pull_threads)
+        self.pull_threads = pull_threads
         self.poll_s = poll_s
         self.clock, self.sleep = clock, sleep
         self.probe_after_s = probe_after_s
@@ -179,15 +178,15 @@ class FlowerTransport:
         deadline = self.clock() + timeout_s
         pending = {o.node_id: _Delivery(o, c, records.content_bytes(c)) for o in orders for c in [_content(o)]}
         out: dict[int, Reply] = {}
+        pulls = _Pulls(self.grid, self.clock, threads=self.pull_threads)  # this exchange's own: exchanges may overlap
         self._send(list(pending.values()), deadline, pending, out)
         while pending and self.clock() < deadline:
-            self._collect(pending, out, deadline)
+            self._collect(pending, out, deadline, pulls)
             self._probe(pending, deadline)
             if pending:
                 self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
         for nid, d in pending.items():
             out[nid] = Reply(nid, timed_out=True, bytes_out=d.size)
-        self._pulls.forget()
         return out
 
     def _send(self, deliveries: Sequence[_Delivery], deadline: float, pending: dict[int, _Delivery],
@@ -207,13 +206,13 @@ class FlowerTransport:
                 pending.pop(nid, None)
                 out[nid] = Reply(nid, error="the SuperLink did not accept the message (too large?)", bytes_out=d.size)
 
-    def _collect(self, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float) -> None:
+    def _collect(self, pending: dict[int, _Delivery], out: dict[int, Reply], deadline: float, pulls: _Pulls) -> None:
         """Pull the replies to every copy and probe outstanding; answered orders move from ``pending`` to ``out``;
         an order whose node answered a later probe, and whose copies then still had no reply, goes again."""
         copies = {mid: d for d in pending.values() for mid in d.copies}
         probes = {d.probe: d for d in pending.values() if d.probe}
-        self._pulls.start([*copies, *probes])
-        replies = self._pulls.take()
+        pulls.start([*copies, *probes])
+        replies = pulls.take()
         for msg in replies:  # order replies first: a probe answered after its order changes nothing
             d = copies.get(msg.metadata.reply_to_message_id)
             if d is not None and pending.pop(d.order.node_id, None) is not None:
@@ -230,7 +229,7 @@ class FlowerTransport:
         # lost only once the order's copies were pulled again after the probe answer: a reply pushed before the
         # probe was pulled may still be on its way here (being inflated by a pull in flight)
         lost = [d for d in pending.values()
-                if d.moved_on is not None and self._pulls.settled(d.copies, d.moved_on, self.probe_after_s)]
+                if d.moved_on is not None and pulls.settled(d.copies, d.moved_on, self.probe_after_s)]
         for d in lost:
             self._lost(d, pending, out, deadline)
 
@@ -276,7 +275,7 @@ def _content(order: Order) -> RecordDict:
     if order.kind == "train":
         return records.train_order(order.plan, order.table, order.envelopes, checkpoint=order.checkpoint,
                                     next_plan=order.next_plan, checkpoint_every=order.checkpoint_every,
-                                    notice=order.notice)
+                                    notice=order.notice, peer_plans=order.peer_plans)
     if order.kind == "evaluate":
         return records.eval_order(order.request)
     raise ValueError(f"unknown order kind {order.kind!r}")
@@ -347,7 +346,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = load_resolved_config(path)
         with Verifier.from_config(cfg.verifier) as verifier:
-            run_coordinator(make_setup(cfg, verifier.verify), FlowerTransport(grid))
+            loop = run_async if cfg.run.mode == "async" else run_coordinator
+            loop(make_setup(cfg, verifier.verify), FlowerTransport(grid))
     except (ConfigError, RosterError, DataError, StateError) as err:
         log.error("%s", err)  # one clear line instead of a traceback
         raise SystemExit(1) from None

@@ -113,6 +113,16 @@ def step_line(rec: dict[str, Any], steps: int) -> str:
     return " | ".join(parts)
 
 
+def update_line(rec: dict[str, Any], steps: int) -> str:
+    """One line for one site's update of an asynchronous run (``event = "update"`` of ``metrics.jsonl``)."""
+    peers = ", ".join(f"{src} {n}" for src, n in sorted(rec.get("peer_rows", {}).items())) or "none"
+    dropped = sum(n for per in rec.get("dropped_rows", {}).values() for n in per.values())
+    lags = " ".join(f"{lag}:{n}" for lag, n in rec.get("staleness_rows", {}).items()) or "-"
+    status = "" if rec.get("status") == "trained" else f" [{rec.get('status')}: {rec.get('reason')}]"
+    return (f"{rec.get('agent')} update {rec.get('own_step')}/{steps} (plan {rec.get('plan')}, "
+            f"{rec.get('order_s', 0.0):.0f} s): peer rows {peers}; staleness {lags}; dropped as stale {dropped}{status}")
+
+
 class SimulationView:
     """Progress display of one simulated run (a context manager; ``enabled=False`` prints lines only)."""
 
@@ -195,6 +205,8 @@ class SimulationView:
             self._task("steps", "steps", total=self.steps, completed=rec.get("step", 0))
         elif event == "eval":
             self._eval(rec)
+        elif event == "update":
+            self.message(update_line(rec, self.steps))
         elif event == "step":
             self._task("steps", "steps", total=self.steps)
             self.progress.update(self.tasks["steps"], completed=rec["step"])

@@ -3,6 +3,7 @@ records (:mod:`hacrl_fed.flower.records`) as over a SuperLink; sites are Python 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from hacrl_fed.coordinator.rounds import Node, Reply
@@ -34,18 +35,26 @@ class FakeSite:
     """The last step this site's weights hold (reported as ``state/trained_step`` with every batch)."""
     checkpoint_error: str = ""
     """Set: every checkpoint this site is asked for fails with it (the update is still applied)."""
+    delay_s: float = 0.0
+    """Seconds every generate and train of this site takes (a slow site of an asynchronous run)."""
+    peer_plans: list[list[int]] = field(default_factory=list)
+    """The peer plan steps of every train order (asynchronous runs)."""
 
     def generate(self, plan: pb.RoundPlan) -> bytes:
+        time.sleep(self.delay_s)
         self.generated.append(plan.step)
         batch = honest_batch(plan, self.name)
+        batch.model_version = self.weights_step
         if self.lie:
             for r in batch.rollouts:
                 r.reward, r.verdict = 1.0, pb.CORRECT
         return envelope_bytes(batch, self.keys.own)
 
     def train(self, order: records.TrainOrder) -> SiteReply:
+        time.sleep(self.delay_s)
         plan = pb.RoundPlan.FromString(order.plan)
         self.trained.append((plan.step, sorted(order.envelopes), order.table))
+        self.peer_plans.append([pb.RoundPlan.FromString(p).step for p in order.peer_plans])
         self.weights_step = plan.step
         self.checkpoints += order.checkpoint and not self.checkpoint_error
         report = pb.TrainReport(run_id=plan.run_id, step=plan.step, agent_id=self.name, metrics={"loss": 0.5})

@@ -1,0 +1,381 @@
+"""The coordinator's loop of an asynchronous run (``run.mode = "async"``, docs/async.md).
+
+Every site generates and trains at its own pace; no site waits for another. Per site, as :func:`run_async` runs it::
+
+    generate order: the newest plan the site has not answered (a new plan when it answered the newest)
+    its batch     = validated (signature, run, step, ids, numbers, model_version < step), re-verified
+                    (the coordinator's verdict wins), its accuracy appended to the agent's capability window,
+                    kept in the pool (AsyncPool) with its model_version and arrival time
+    train order   = its own batch + every peer batch it has not had that is not stale (the source trained
+                    ≤ max_staleness times since, accepted ≤ max_row_age_s ago), the plans of those of other
+                    steps, the capability table now, and the next plan (train + next generate in one reply)
+    one metrics line per update: the site's own step count, the plan, rows trained per source, the staleness of
+    every peer batch delivered and the rows dropped as stale
+
+The run ends when every site that trains has made ``run.steps`` updates, or when every site left is done or has
+missed its last two orders (a site that never answers does not hold the others). A site that drops out and comes
+back (a restart, a new node) picks up where its weights are: its next batch's signed ``model_version`` and the
+coordinator's record of its trained steps are reconciled as in sync mode. Orders go out one node at a time, each
+in its own thread, through the same :class:`~hacrl_fed.coordinator.rounds.Transport` as sync rounds.
+
+Capability (Eq. 9) is kept per agent as in sync mode, with one value per accepted batch in arrival order: each
+agent's window holds the coordinator accuracy of its last K batches, whatever the other agents' pace, and the
+table sent with a train order carries every agent's P̂ at that moment. ``capability_warmup_steps`` counts accepted
+batches of any agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from hacrl_fed.algo.capability import CapabilityTracker
+from hacrl_fed.coordinator.async_pool import AsyncPool, Delivery, PooledBatch
+from hacrl_fed.coordinator.phases import AgentVerification, build_round_plan, capability_table, reverify
+from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup, Transport, _commit, _eligible,
+                                          _exchange, _maybe_evaluate, _flush_eval, _run_end, _wait_for_agents,
+                                          resume_settings, rollout_only)
+from hacrl_fed.coordinator.state import (MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, load_state, restore_error,
+                                         run_digest, save_state)
+from hacrl_fed.coordinator.step_record import AgentStep, collect_batches, reconcile, train_outcome
+from hacrl_fed.protocol.site_reply import SiteReply
+from hacrl_fed.protocol.validation import AcceptedBatch
+from hacrl_fed.v1 import rollout_pb2 as pb
+
+__all__ = ["MAX_MISSES", "run_async"]
+
+log = logging.getLogger("hacrl_fed.coordinator")
+
+MAX_MISSES = 2
+"""Orders in a row a site may miss (timeout, error, rejected batch) before the run may end without it."""
+
+
+@dataclass
+class _Site:
+    """One node's progress in an asynchronous run."""
+
+    node: Node
+    agent: str = ""
+    """The verified signer of its batches ('' until the first is accepted)."""
+    last_plan: int = 0
+    """The newest plan step it was asked to answer."""
+    held: tuple[AcceptedBatch, AgentVerification, bytes, AgentStep] | None = None
+    """Its accepted batch waiting for its train order: batch, verification, serialized plan, step entry."""
+    future: Future | None = None
+    kind: str = ""
+    sent_at: float = 0.0
+    plan_b: bytes = b""
+    next_plan_b: bytes = b""
+    """The plan its pending train order asks it to generate for next ('' if none)."""
+    delivery: Delivery | None = None
+    notice: str = ""
+    """What the site is told with its next order (why its last batch or update was not taken)."""
+    misses: int = 0
+    done: bool = False
+
+
+@dataclass
+class _Run:
+    """Everything the loop shares between sites."""
+
+    setup: Setup
+    transport: Transport
+    state: CoordinatorState
+    metrics: MetricsLog
+    tracker: CapabilityTracker
+    pool: AsyncPool
+    ids: Identities = field(default_factory=Identities)
+    sites: dict[int, _Site] = field(default_factory=dict)
+    accuracy: dict[str, float] = field(default_factory=dict)
+    """Agent → coordinator accuracy of its last accepted batch."""
+    newest: pb.RoundPlan | None = None
+
+    @property
+    def updates(self) -> dict[str, int]:
+        """Agent → updates recorded in this run (its trained steps, as the coordinator recorded them)."""
+        return {a: len(v) for a, v in self.state.trained_steps.items()}
+
+    def learners(self) -> set[str]:
+        """Roster agents that train (every one but the rollout-only ones)."""
+        return {a for a in self.setup.roster if not rollout_only(self.setup.roster, a)}
+
+
+def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
+    """Run (or resume) an asynchronous run until every training site made ``run.steps`` updates (module docstring).
+
+    Raises StateError as :func:`~hacrl_fed.coordinator.rounds.run_coordinator`; agent failures never raise.
+    """
+    run = setup.run
+    digest = run_digest(resume_settings(run) | {"mode": "async"})
+    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, root=setup.run_dir)
+    resumed = state is not None
+    state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
+    tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
+    for part, owner in (("capability", tracker), ("sampler", setup.sampler)):
+        if getattr(state, part):
+            try:
+                owner.load_state_dict(getattr(state, part))
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise restore_error(setup.state_path, part, err) from None
+    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, root=setup.run_dir)
+    ctx = _Run(setup, transport, state, metrics, tracker, AsyncPool(run.max_staleness, run.max_row_age_s))
+    state.restarts += resumed
+    _commit(setup, state, metrics, {"event": "resume" if resumed else "run_start", "run_id": run.run_id,
+                                    "mode": "async", "step": state.step, "steps": run.steps, "time": setup.clock(),
+                                    "roster": sorted(setup.roster), "max_staleness": run.max_staleness,
+                                    "max_row_age_s": run.max_row_age_s})
+    log.info("%s asynchronous run %s: every site makes %d updates at its own pace (max_staleness %d)",
+             "resuming" if resumed else "starting", run.run_id, run.steps, run.max_staleness)
+    _wait_for_agents(setup, transport, want=len(setup.roster), patience_s=run.join_timeout_s)
+    if state.step == 0 and state.last_eval_step < 0:
+        _maybe_evaluate(setup, transport, state, metrics, ctx.ids)   # before any plan: every site at once
+    t0 = setup.clock()
+    with ThreadPoolExecutor(max_workers=max(4, 2 * len(setup.roster)), thread_name_prefix="async-order") as pool:
+        while not _finished(ctx):
+            _dispatch(ctx, pool)
+            busy = [s.future for s in ctx.sites.values() if s.future is not None]
+            if busy:
+                wait(busy, timeout=setup.poll_s, return_when=FIRST_COMPLETED)
+            else:
+                setup.sleep(setup.poll_s)
+            for site in list(ctx.sites.values()):
+                if site.future is not None and site.future.done():
+                    _settle(ctx, site)
+    state.elapsed_s += setup.clock() - t0
+    _final_eval(ctx)
+    _commit(setup, state, metrics, _run_end(state, metrics) | {"mode": "async", "updates": ctx.updates,
+                                                                 "pool_evicted": ctx.pool.evicted})
+    log.info("asynchronous run %s finished: updates per agent %s", run.run_id, ctx.updates)
+    return state
+
+
+def _finished(ctx: _Run) -> bool:
+    """Every known training site is done, or has missed its last :data:`MAX_MISSES` orders, and none is busy."""
+    sites = [s for s in ctx.sites.values() if not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
+    if not sites or any(s.future is not None for s in ctx.sites.values()):
+        return False
+    if not any(s.done for s in sites):
+        return False
+    return all(s.done or s.misses >= MAX_MISSES for s in sites)
+
+
+def _dispatch(ctx: _Run, pool: ThreadPoolExecutor) -> None:
+    """Send the next order to every eligible node that has none in flight and is not done."""
+    online = {n.node_id: n for n in _eligible(ctx.setup, ctx.transport)}
+    for nid, node in online.items():
+        site = ctx.sites.setdefault(nid, _Site(node))
+        site.node = node
+        if site.future is not None or site.done:
+            continue
+        if site.misses >= MAX_MISSES and any(s.done for s in ctx.sites.values()):
+            continue  # the others are finishing: a site that keeps missing does not hold the run
+        order, timeout = _next_order(ctx, site)
+        order = dataclasses.replace(order, notice=site.notice)
+        site.kind, site.sent_at, site.plan_b, site.next_plan_b = order.kind, ctx.setup.clock(), order.plan, order.next_plan
+        site.notice = ""
+        site.future = pool.submit(_exchange, ctx.transport, [order], timeout)
+
+
+def _next_order(ctx: _Run, site: _Site) -> tuple[Order, float]:
+    run = ctx.setup.run
+    if site.held is None:
+        plan = _plan_for(ctx, site, run.generate_timeout_s)
+        return Order(site.node.node_id, "generate", plan=plan), run.generate_timeout_s
+    item, verification, plan_b, _ = site.held
+    learner = item.agent
+    if rollout_only(ctx.setup.roster, learner):  # pooled and counted, never trained
+        site.held = None
+        return _next_order(ctx, site)
+    site.delivery = ctx.pool.take(learner, trained=ctx.state.trained_steps, now=ctx.setup.clock(),
+                                  learners=ctx.learners() | {learner})
+    plan = pb.RoundPlan.FromString(plan_b)
+    sources = {b.agent for b in site.delivery.batches}
+    accuracy = {a: ctx.accuracy[a] for a in sources | {learner} if a in ctx.accuracy}
+    corrections = list(verification.corrections)
+    for b in site.delivery.batches:
+        corrections += [pb.RewardCorrection.FromString(c) for c in b.corrections]
+    table = capability_table(ctx.tracker, plan, accuracy, corrections).SerializeToString(deterministic=True)
+    envelopes = {f"{learner}@{plan.step}": item.envelope} | {b.key: b.envelope for b in site.delivery.batches}
+    peer_plans = sorted({b.plan for b in site.delivery.batches if b.step != plan.step},
+                        key=lambda p: pb.RoundPlan.FromString(p).step)
+    last = ctx.updates.get(learner, 0) + 1 >= run.steps
+    next_b = b"" if last else _plan_for(ctx, site, run.train_timeout_s + run.generate_timeout_s)
+    own_updates = ctx.updates.get(learner, 0) + 1
+    checkpoint = run.checkpoint_every > 0 and (own_updates % run.checkpoint_every == 0 or last)
+    order = Order(site.node.node_id, "train", plan=plan_b, table=table, envelopes=envelopes, checkpoint=checkpoint,
+                  next_plan=next_b, checkpoint_every=run.checkpoint_every, peer_plans=tuple(peer_plans))
+    return order, run.train_timeout_s + (run.generate_timeout_s if next_b else 0.0)
+
+
+def _plan_for(ctx: _Run, site: _Site, deadline_s: float) -> bytes:
+    """The newest plan ``site`` has not been asked to answer; a new plan when it has (the sampler's next batch).
+    Its deadline (not signed by anyone) is this order's: ``deadline_s`` from now."""
+    run, state = ctx.setup.run, ctx.state
+    if ctx.newest is None or ctx.newest.step <= site.last_plan:
+        state.step += 1
+        ctx.newest = build_round_plan(run_id=run.run_id, step=state.step, problems=ctx.setup.sampler.next_batch(),
+                                      samples_per_prompt=run.samples_per_prompt, sampling=run.sampling,
+                                      seed=run.seed, deadline_unix_s=0.0)
+        state.sampler = ctx.setup.sampler.state_dict()
+        save_state(ctx.setup.state_path, state)
+    site.last_plan = ctx.newest.step
+    plan = pb.RoundPlan()
+    plan.CopyFrom(ctx.newest)
+    plan.deadline_unix_s = ctx.setup.clock() + deadline_s
+    return plan.SerializeToString(deterministic=True)
+
+
+def _settle(ctx: _Run, site: _Site) -> None:
+    """Handle the reply of ``site``'s finished order."""
+    future, site.future = site.future, None
+    try:
+        reply = future.result()[site.node.node_id]
+    except Exception as err:  # noqa: BLE001 - a transport failure costs this order, never the run
+        reply = Reply(site.node.node_id, error=f"transport: {type(err).__name__}: {err}")
+    if site.kind == "generate":
+        _take_batch(ctx, site, reply, site.plan_b)
+        return
+    _trained(ctx, site, reply)
+
+
+def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
+    """Validate and re-verify one generate reply; an accepted batch goes to the pool and waits for its train
+    order (``site.held``)."""
+    run = ctx.setup.run
+    plan = pb.RoundPlan.FromString(plan_b)
+    accepted, agents = collect_batches([site.node], {site.node.node_id: reply}, ctx.setup.roster, plan,
+                                       max_bytes=run.max_batch_bytes, timeout_s=run.generate_timeout_s)
+    entry = next(iter(agents.values()))
+    item = accepted[0] if accepted else None
+    if item is not None and not item.batch.HasField("model_version"):
+        item, entry.status, entry.reason = None, "rejected", "no_model_version"
+        entry.detail = "batch without model_version: the site's hacrl-fed predates asynchronous rounds"
+    holder = next((s for s in ctx.sites.values() if s is not site and s.agent == entry.agent and s.agent), None)
+    if item is not None and holder is not None and holder.node.node_id in {n.node_id for n in
+                                                                             _eligible(ctx.setup, ctx.transport)}:
+        item, entry.status, entry.reason = None, "rejected", "duplicate_agent"
+        entry.detail = f"agent {entry.agent!r} is already node {holder.node.node_id}"
+    if item is None:
+        site.misses += 1
+        site.notice = f"your batch for plan {plan.step} was not pooled: {entry.reason}: {entry.detail}"[:500]
+        log.warning("plan %d: %s (node %d) not pooled: %s %s", plan.step, entry.agent, site.node.node_id,
+                    entry.reason, entry.detail)
+        _commit(ctx.setup, ctx.state, ctx.metrics, _batch_record(ctx, plan, entry, None, ctx.setup.clock()))
+        return
+    if holder is not None:
+        holder.agent, holder.held = "", None   # the agent moved to this node (a restart)
+    site.agent, site.misses = item.agent, 0
+    ctx.ids.verified([item], {item.agent: entry})
+    _flush_eval(ctx.setup, ctx.state, ctx.metrics, ctx.ids)
+    reconcile(entry, ctx.state.trained_steps.setdefault(item.agent, []), plan.step)
+    verification = reverify(ctx.setup.verify, [item], plan, truncated_reward=ctx.setup.truncated_reward)[item.agent]
+    entry.verification = verification
+    ctx.tracker.update({item.agent: verification.accuracy}, {item.agent: verification.task_accuracy})
+    ctx.accuracy[item.agent] = verification.accuracy
+    ctx.state.capability = ctx.tracker.state_dict()
+    now = ctx.setup.clock()
+    ctx.pool.add(PooledBatch(item.agent, plan.step, int(item.batch.model_version), now, item.envelope, plan_b,
+                             len(item.batch.rollouts),
+                             tuple(c.SerializeToString() for c in verification.corrections)))
+    site.held = (item, verification, plan_b, entry)
+    if site.agent in ctx.updates and ctx.updates[site.agent] >= run.steps:
+        site.done, site.held = True, None
+    _commit(ctx.setup, ctx.state, ctx.metrics, _batch_record(ctx, plan, entry, item, now))
+
+
+def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
+    """Record one train reply (and take the next batch it carries)."""
+    run = ctx.setup.run
+    item, _, plan_b, entry = site.held
+    site.held = None
+    plan = pb.RoundPlan.FromString(plan_b)
+    delivery = site.delivery or Delivery()
+    train_outcome(entry, reply, plan, pool={b.agent for b in delivery.batches} | {item.agent})
+    if entry.status != "trained":
+        site.misses += 1
+        site.notice = f"your update of plan {plan.step} is recorded as not trained: {entry.detail}"[:500]
+    else:
+        site.misses = 0
+        steps = ctx.state.trained_steps.setdefault(item.agent, [])
+        steps.append(plan.step)
+        del steps[:-MAX_TRAINED_STEPS]
+    ctx.state.add_totals(item.agent, steps_trained=float(entry.status == "trained"),
+                         rows_accepted=entry.rows_accepted, peer_rows_delivered=float(delivery.rows),
+                         peer_rows_dropped=float(delivery.dropped_rows))
+    record = _update_record(ctx, site, plan, entry, delivery, reply)
+    _commit(ctx.setup, ctx.state, ctx.metrics, record)
+    log.info("%s update %d/%d (plan %d): %s, %d peer rows (staleness %s), %d dropped as stale", item.agent,
+             ctx.updates.get(item.agent, 0), run.steps, plan.step, entry.status, delivery.rows,
+             dict(sorted(Counter(delivery.staleness).items())), delivery.dropped_rows)
+    own = ctx.updates.get(item.agent, 0)
+    if entry.status == "trained" and (own >= run.steps or (run.eval_every and own % run.eval_every == 0)):
+        _evaluate_site(ctx, site, own)
+    if own >= run.steps:
+        site.done = True
+        return
+    if reply.site.envelope is not None and site.next_plan_b:
+        nxt = Reply(site.node.node_id, site=SiteReply(agent=reply.site.agent, envelope=reply.site.envelope,
+                                                        metrics=reply.site.generate_metrics))
+        _take_batch(ctx, site, nxt, site.next_plan_b)
+
+
+def _evaluate_site(ctx: _Run, site: _Site, own: int) -> None:
+    """Held-out evaluation of one site after its ``own``-th update (in this thread: the site is idle)."""
+    setup = ctx.setup
+    if not setup.held_out:
+        return
+    from hacrl_fed.coordinator.step_record import eval_record, eval_request
+
+    t0 = setup.clock()
+    replies = _exchange(ctx.transport, [Order(site.node.node_id, "evaluate", request=eval_request(setup.held_out,
+                                                                                                    setup.run))],
+                        setup.run.generate_timeout_s)
+    tasks = {p.id: p.source for p in setup.held_out if p.source}
+    record = eval_record([site.node], replies, run_id=setup.run.run_id, step=own, prompts=len(setup.held_out),
+                         tasks=tasks if len(set(tasks.values())) > 1 else None, holders=ctx.ids.holders)
+    _commit(setup, ctx.state, ctx.metrics, record | {"time": setup.clock(), "eval_s": setup.clock() - t0,
+                                                     "mode": "async", "agent": site.agent})
+
+
+def _final_eval(ctx: _Run) -> None:
+    """Nothing more: every site is evaluated after its last update (:func:`_evaluate_site`)."""
+    ctx.state.last_eval_step = max(ctx.updates.values(), default=0)
+
+
+def _batch_record(ctx: _Run, plan: pb.RoundPlan, entry: AgentStep, item: AcceptedBatch | None,
+                  now: float) -> dict[str, Any]:
+    """The metrics line of one delivered batch (accepted or not)."""
+    v = entry.verification
+    return {"event": "batch", "mode": "async", "run_id": plan.run_id, "plan": plan.step, "time": now,
+            "agent": entry.agent, "node_id": entry.node_id, "status": entry.status, "reason": entry.reason,
+            "detail": entry.detail, "model_version": int(item.batch.model_version) if item is not None else None,
+            "rows": entry.rows_accepted, "accuracy": v.accuracy if v else None,
+            "task_accuracy": dict(v.task_accuracy) if v else {},
+            "capability": ctx.tracker.capability(entry.agent) if entry.agent in ctx.tracker.agents else None,
+            "reward_disagreements": v.disagreements if v else 0}
+
+
+def _update_record(ctx: _Run, site: _Site, plan: pb.RoundPlan, entry: AgentStep, delivery: Delivery,
+                   reply: Reply) -> dict[str, Any]:
+    """The metrics line of one site's update: its own step count, the plan, the peer rows and their staleness."""
+    now = ctx.setup.clock()
+    by_source: dict[str, int] = {}
+    for b in delivery.batches:
+        by_source[b.agent] = by_source.get(b.agent, 0) + b.rows
+    hist = Counter()
+    for b, lag in zip(delivery.batches, delivery.staleness):
+        hist[str(lag)] += b.rows
+    dropped: dict[str, dict[str, int]] = {}
+    for (src, why), rows in delivery.dropped.items():
+        dropped.setdefault(src, {})[why] = rows
+    return {"event": "update", "mode": "async", "run_id": plan.run_id, "agent": entry.agent,
+            "own_step": ctx.updates.get(entry.agent, 0), "plan": plan.step, "time": now,
+            "status": entry.status, "reason": entry.reason, "detail": entry.detail,
+            "peer_rows": by_source, "peer_plans": sorted({b.step for b in delivery.batches if b.step != plan.step}),
+            "staleness_rows": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))), "dropped_rows": dropped,
+            "order_s": now - site.sent_at, "train": entry.train, "per_source": entry.per_source,
+            "train_rejected": entry.train_rejected, "bytes_in": reply.bytes_in, "bytes_out": reply.bytes_out}
