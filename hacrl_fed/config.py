@@ -314,6 +314,10 @@ class AgentConfig(Strict):
     """Where the worker keeps checkpoints; defaults to ``<output_dir>/<name>/checkpoints``."""
     worker_address: str = "127.0.0.1:0"
     """Worker gRPC bind address: loopback ``host:port`` (0 = pick a free port) or ``unix:/path``."""
+    slowdown: Annotated[float, Field(ge=1.0, le=100.0)] = 1.0
+    """Benchmark knob (docs/async.md): this site's Generate and Train calls each take ``slowdown`` times as long (its
+    worker waits (slowdown − 1) × the call's own time before answering), to measure a slow site on one machine.
+    1 (default): off."""
     endpoint: EndpointConfig | None = None
     """Set: a rollout-only site whose rollouts come from this OpenAI-compatible endpoint (``hacrl-fed client
     --endpoint URL --api-model NAME``); its roster entry must say ``role = "rollout_only"``."""
@@ -369,6 +373,9 @@ class RunConfig(Strict):
     since generating it (TRL AsyncGRPO ``max_staleness``, default 4); staler rows are dropped and counted."""
     max_row_age_s: PositiveFloat = 3600.0
     """Asynchronous runs: a peer batch accepted longer ago than this (seconds) is dropped and counted."""
+    async_steps: Literal["each", "slowest"] = "each"
+    """Asynchronous runs: ``each`` — every site makes ``steps`` updates and stops; ``slowest`` — sites keep training
+    until every site has made ``steps`` updates (faster sites make more; none idles while the slowest catches up)."""
     output_dir: str = "runs"
     report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
     """Where the coordinator's metrics go besides ``metrics.jsonl`` (always written; TRL ``report_to``):

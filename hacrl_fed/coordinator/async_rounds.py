@@ -12,7 +12,8 @@ Every site generates and trains at its own pace; no site waits for another. Per 
     one metrics line per update: the site's own step count, the plan, rows trained per source, the staleness of
     every peer batch delivered and the rows dropped as stale
 
-The run ends when every site that trains has made ``run.steps`` updates, or when every site left is done or has
+The run ends when every site that trains has made ``run.steps`` updates (``run.async_steps = "each"``: a site that
+has stops; ``"slowest"``: the others keep training until the slowest has), or when every site left is done or has
 missed its last two orders (a site that never answers does not hold the others). A site that drops out and comes
 back (a restart, a new node) picks up where its weights are: its next batch's signed ``model_version`` and the
 coordinator's record of its trained steps are reconciled as in sync mode. Orders go out one node at a time, each
@@ -93,6 +94,10 @@ class _Run:
     accuracy: dict[str, float] = field(default_factory=dict)
     """Agent → coordinator accuracy of its last accepted batch."""
     newest: pb.RoundPlan | None = None
+    evaluated: dict[str, int] = field(default_factory=dict)
+    """Agent → its update count at its last held-out evaluation."""
+    stopping: bool = False
+    """``async_steps = "slowest"``: every site made ``run.steps`` updates; no new orders go out."""
 
     @property
     def updates(self) -> dict[str, int]:
@@ -154,12 +159,13 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
 
 
 def _finished(ctx: _Run) -> bool:
-    """Every known training site is done, or has missed its last :data:`MAX_MISSES` orders, and none is busy."""
-    sites = [s for s in ctx.sites.values() if not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
-    if not sites or any(s.future is not None for s in ctx.sites.values()):
+    """No order is in flight, some site is done, and every training site still online is done or has missed its
+    last :data:`MAX_MISSES` orders (a site that went offline does not hold the end)."""
+    if any(s.future is not None for s in ctx.sites.values()) or not any(s.done for s in ctx.sites.values()):
         return False
-    if not any(s.done for s in sites):
-        return False
+    online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
+    sites = [s for s in ctx.sites.values() if s.node.node_id in online
+             and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
     return all(s.done or s.misses >= MAX_MISSES for s in sites)
 
 
@@ -202,7 +208,7 @@ def _next_order(ctx: _Run, site: _Site) -> tuple[Order, float]:
     envelopes = {f"{learner}@{plan.step}": item.envelope} | {b.key: b.envelope for b in site.delivery.batches}
     peer_plans = sorted({b.plan for b in site.delivery.batches if b.step != plan.step},
                         key=lambda p: pb.RoundPlan.FromString(p).step)
-    last = ctx.updates.get(learner, 0) + 1 >= run.steps
+    last = run.async_steps == "each" and ctx.updates.get(learner, 0) + 1 >= run.steps
     next_b = b"" if last else _plan_for(ctx, site, run.train_timeout_s + run.generate_timeout_s)
     own_updates = ctx.updates.get(learner, 0) + 1
     checkpoint = run.checkpoint_every > 0 and (own_updates % run.checkpoint_every == 0 or last)
@@ -282,7 +288,7 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
                              len(item.batch.rollouts),
                              tuple(c.SerializeToString() for c in verification.corrections)))
     site.held = (item, verification, plan_b, entry)
-    if site.agent in ctx.updates and ctx.updates[site.agent] >= run.steps:
+    if _site_done(ctx, site.agent):
         site.done, site.held = True, None
     _commit(ctx.setup, ctx.state, ctx.metrics, _batch_record(ctx, plan, entry, item, now))
 
@@ -312,9 +318,20 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
              ctx.updates.get(item.agent, 0), run.steps, plan.step, entry.status, delivery.rows,
              dict(sorted(Counter(delivery.staleness).items())), delivery.dropped_rows)
     own = ctx.updates.get(item.agent, 0)
-    if entry.status == "trained" and (own >= run.steps or (run.eval_every and own % run.eval_every == 0)):
+    if entry.status == "trained" and (own == run.steps or (run.eval_every and own % run.eval_every == 0)):
         _evaluate_site(ctx, site, own)
-    if own >= run.steps:
+    if run.async_steps == "slowest" and not ctx.stopping:
+        online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
+        trainers = [s for s in ctx.sites.values() if s.node.node_id in online
+                    and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
+        # a node whose agent is not known yet (no batch accepted) is a site still to come, not a finished one
+        ctx.stopping = all((s.agent and ctx.updates.get(s.agent, 0) >= run.steps) or s.misses >= MAX_MISSES
+                           for s in trainers)
+        if ctx.stopping:
+            log.info("every site made %d updates: the run stops after the orders in flight", run.steps)
+            for s in ctx.sites.values():
+                s.done = True
+    if _site_done(ctx, item.agent):
         site.done = True
         return
     if reply.site.envelope is not None and site.next_plan_b:
@@ -339,10 +356,23 @@ def _evaluate_site(ctx: _Run, site: _Site, own: int) -> None:
                          tasks=tasks if len(set(tasks.values())) > 1 else None, holders=ctx.ids.holders)
     _commit(setup, ctx.state, ctx.metrics, record | {"time": setup.clock(), "eval_s": setup.clock() - t0,
                                                      "mode": "async", "agent": site.agent})
+    ctx.evaluated[site.agent] = own
+
+
+def _site_done(ctx: _Run, agent: str) -> bool:
+    """``agent`` needs no more orders: ``each`` — it made ``run.steps`` updates; ``slowest`` — every site has."""
+    if ctx.setup.run.async_steps == "slowest":
+        return ctx.stopping
+    return bool(agent) and ctx.updates.get(agent, 0) >= ctx.setup.run.steps
 
 
 def _final_eval(ctx: _Run) -> None:
-    """Nothing more: every site is evaluated after its last update (:func:`_evaluate_site`)."""
+    """Evaluate every site not yet evaluated at its final update count (``async_steps = "slowest"``: the faster
+    sites' last updates came after their ``run.steps``-th)."""
+    for site in ctx.sites.values():
+        own = ctx.updates.get(site.agent, 0)
+        if site.agent and own and ctx.evaluated.get(site.agent) != own and site.agent in ctx.learners():
+            _evaluate_site(ctx, site, own)
     ctx.state.last_eval_step = max(ctx.updates.values(), default=0)
 
 

@@ -115,8 +115,18 @@ class TokenCheck(grpc.ServerInterceptor):
 class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
     """``AgentWorker`` gRPC service over an :class:`~hacrl_fed.worker.agent.AgentWorker`."""
 
-    def __init__(self, worker) -> None:
+    def __init__(self, worker, *, slowdown: float = 1.0) -> None:
         self.worker = worker
+        self.slowdown = float(slowdown)
+        """``agent.slowdown``: Generate and Train answer after ``slowdown`` times their own time (1: at once)."""
+
+    def _slowed(self, context: grpc.ServicerContext, fn, *args: Any):
+        """:meth:`_call`, then a wait of (slowdown − 1) × its time (the benchmark's slow site, docs/async.md)."""
+        t0 = time.monotonic()
+        out = self._call(context, fn, *args)
+        if self.slowdown > 1.0:
+            time.sleep((self.slowdown - 1.0) * (time.monotonic() - t0))
+        return out
 
     def _call(self, context: grpc.ServicerContext, fn, *args: Any):
         """Run one operation; a refusal or failure is logged as one line (the site's terminal shows it; the
@@ -137,10 +147,10 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
         context.abort(code, message)
 
     def Generate(self, request, context):
-        return self._call(context, self.worker.generate, request.plan, request.notice)
+        return self._slowed(context, self.worker.generate, request.plan, request.notice)
 
     def Train(self, request, context):
-        return self._call(context, self.worker.train, request)
+        return self._slowed(context, self.worker.train, request)
 
     def Evaluate(self, request, context):
         return self._call(context, self.worker.evaluate, request)
@@ -152,8 +162,9 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
         return self._call(context, self.worker.checkpoint, request)
 
 
-def serve(worker, address: str, *, token: str, threads: int = 4) -> tuple[grpc.Server, str]:
-    """Start a gRPC server for ``worker`` on ``address``; return it and the bound address.
+def serve(worker, address: str, *, token: str, threads: int = 4, slowdown: float = 1.0) -> tuple[grpc.Server, str]:
+    """Start a gRPC server for ``worker`` on ``address``; return it and the bound address. ``slowdown``: the
+    benchmark knob ``agent.slowdown`` (:class:`AgentWorkerServicer`).
 
     Every call must carry ``token`` (:class:`TokenCheck`). ``127.0.0.1:0`` picks a free port (the returned
     address names it). Raises ``ValueError`` for a non-loopback address or an empty token, ``RuntimeError`` if
@@ -162,7 +173,7 @@ def serve(worker, address: str, *, token: str, threads: int = 4) -> tuple[grpc.S
     check_bind_address(address)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), interceptors=[TokenCheck(token)],
                          options=[*GRPC_OPTIONS, ("grpc.so_reuseport", 0)])  # a taken port fails, never shares
-    wgrpc.add_AgentWorkerServicer_to_server(AgentWorkerServicer(worker), server)
+    wgrpc.add_AgentWorkerServicer_to_server(AgentWorkerServicer(worker, slowdown=slowdown), server)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as err:
@@ -241,7 +252,10 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
                              status_file=status_file, site_dir=site_dir)
     stop = threading.Event()
     try:
-        server, bound = serve(worker, addr, token=token)
+        server, bound = serve(worker, addr, token=token, slowdown=agent.slowdown)
+        if agent.slowdown > 1.0:
+            log.warning("benchmark knob agent.slowdown = %g: every Generate and Train of %s takes %g times its time",
+                        agent.slowdown, agent.name, agent.slowdown)
         _, stub = connect(bound, token)
         wait_healthy(stub)
         if address_file:

@@ -33,7 +33,7 @@ def read(setup: Setup, event: str) -> list[dict]:
     return [r for r in lines if r.get("event") == event]
 
 
-def fleet(federation, *, slow=0.06, fast=0.02):
+def fleet(federation, *, slow=0.1, fast=0.01):
     k = federation.keys
     return [FakeSite("alice", k["alice"], delay_s=fast), FakeSite("bob", k["bob"], delay_s=fast),
             FakeSite("carol", k["carol"], delay_s=slow)]
@@ -176,3 +176,46 @@ def test_async_and_sync_states_are_not_interchangeable(tmp_path, federation):
         run_coordinator(sync, InProcessTransport(sites))
     with pytest.raises(ValueError, match="run_async"):   # and the sync loop does not run an async config
         run_coordinator(make_setup(tmp_path / "other", federation), InProcessTransport(sites))
+
+
+def test_with_async_steps_slowest_the_fast_sites_train_until_the_slowest_is_done(tmp_path, federation):
+    sites = fleet(federation, slow=0.12, fast=0.01)
+    setup = make_setup(tmp_path, federation, steps=3, async_steps="slowest")
+    state = run_async(setup, InProcessTransport(sites))
+    updates = {a: len(v) for a, v in state.trained_steps.items()}
+    assert updates["carol"] == 3
+    assert updates["alice"] > 3 and updates["bob"] > 3       # they did not idle while carol caught up
+    last = {a: max(u["time"] for u in read(setup, "update") if u["agent"] == a) for a in updates}
+    assert last["carol"] >= max(last["alice"], last["bob"]) - 0.5   # and stopped when carol was done
+
+
+def test_each_site_is_evaluated_at_its_own_steps(tmp_path, federation):
+    sites = fleet(federation, slow=0.04, fast=0.0)
+    setup = make_setup(tmp_path, federation, steps=4, eval_every=2, async_steps="slowest")
+    setup.held_out = problems(3)
+    state = run_async(setup, InProcessTransport(sites))
+    evals = read(setup, "eval")
+    assert evals[0]["step"] == 0 and set(evals[0]["agents"]) == {"alice", "bob", "carol"}
+    per_site = {}
+    for e in evals[1:]:
+        assert list(e["agents"]) == [e["agent"]]
+        per_site.setdefault(e["agent"], []).append(e["step"])
+    final = {a: len(v) for a, v in state.trained_steps.items()}
+    for agent, steps in per_site.items():
+        assert steps[:2] == [2, 4] and steps[-1] == final[agent]   # every 2nd own update, and after its last
+
+
+def test_a_site_that_drops_out_does_not_stall_the_others(tmp_path, federation):
+    sites = fleet(federation, slow=0.0)
+
+    class Leaving(FakeSite):
+        def train(self, order):
+            reply = super().train(order)
+            if len(self.trained) == 2:
+                self.online = False          # gone after its second update
+            return reply
+
+    sites[2] = Leaving("carol", federation.keys["carol"])
+    setup = make_setup(tmp_path, federation, steps=4)
+    state = run_async(setup, InProcessTransport(sites))
+    assert {a: len(v) for a, v in state.trained_steps.items()} == {"alice": 4, "bob": 4, "carol": 2}

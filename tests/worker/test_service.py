@@ -200,3 +200,22 @@ def test_a_taken_worker_port_is_never_shared():
             serve(object(), f"127.0.0.1:{holder.getsockname()[1]}", token=TOKEN)
     finally:
         holder.close()
+
+
+def test_the_slowdown_knob_makes_generate_take_that_many_times_as_long():
+    """``agent.slowdown`` (the async benchmark's slow site): the answer comes after slowdown × the call's own time."""
+
+    class Slow(_Worker):
+        def generate(self, plan, notice):
+            time.sleep(0.1)
+            return super().generate(plan, notice)
+
+    server, bound = serve(Slow(), "127.0.0.1:0", token=TOKEN, slowdown=3.0)
+    try:
+        stub = connect(bound, TOKEN)[1]
+        t0 = time.monotonic()
+        stub.Generate(wpb.GenerateRequest(plan=pb.RoundPlan(step=1)), timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        server.stop(grace=None)
+    assert took >= 0.3, took
