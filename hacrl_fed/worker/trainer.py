@@ -13,6 +13,12 @@
         rows inside it) → TrainReport
 
 Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
+
+Asynchronous train orders (``run.mode = "async"``, docs/async.md) also carry ``peer_plans``: the plans of
+pooled peer batches of other steps. Each peer batch is checked against the plan it answers, every phase after
+the envelopes reads the merged prompt catalogue (own plan ∪ peer plans, :class:`Catalogue`), and a prompt
+group without own rows takes the ``plain_mean`` baseline (:func:`hacrl_fed.algo.advantages.group_advantages`).
+Without peer plans the step is exactly the synchronous one.
 """
 
 from __future__ import annotations
@@ -39,12 +45,18 @@ from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
-from hacrl_fed.worker.errors import PreconditionError
+from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 
-__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
+__all__ = ["MAX_ENVELOPES", "MAX_PEER_PLANS", "Catalogue", "StepRollouts", "Trainer", "check_peer_plans",
+           "process_rss_bytes", "reward_terms"]
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
+MAX_PEER_PLANS = 64
+"""Peer plans one train request may carry (the train order's ``peer-round-plans`` bound,
+``hacrl_fed.flower.records.MAX_PEER_PLANS``)."""
+RowKey = tuple[str, str, int]
+"""(source agent, prompt id, sample index): one rollout of the step's pool."""
 
 
 def _listed_once(table: pb.CapabilityTable) -> list[pb.AgentCapability]:
@@ -75,6 +87,112 @@ class StepRollouts:
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
     prompts: dict[str, pb.PromptItem] = field(default_factory=dict)
     """The plan's prompts by id (problem text, reference answer, style: the columns of the reward functions)."""
+
+
+@dataclass(frozen=True)
+class PlanRows:
+    """What a peer batch answering one plan must hold (the arguments of :func:`check_rollouts`)."""
+
+    prompt_ids: frozenset[str]
+    samples_per_prompt: int
+    """G: rollouts per prompt."""
+    max_new_tokens: int | None
+    """The plan's generation cap (None: no length bound)."""
+
+
+@dataclass
+class Catalogue:
+    """The prompts one train request's rows answer: the own plan's, plus (asynchronous orders) the peer plans'.
+
+    A prompt id names one problem across the catalogue: a peer plan giving a prompt id of the own plan other
+    content (text, reference answer, answer style, task), or one that two peer plans give different content,
+    is refused as a whole (``conflicts``; its batches are rejected with the reason, the own plan always stands).
+    """
+
+    prompts: dict[str, pb.PromptItem]
+    """Prompt id → problem (own plan first; refused peer plans left out)."""
+    prompt_ids: dict[str, tuple[int, ...]]
+    """Prompt id → the learner's rendering of it (token ids), for every prompt of ``prompts``."""
+    plans: dict[int, PlanRows]
+    """Step → what a batch of that step must hold: the own step and every peer plan's."""
+    conflicts: dict[int, str] = field(default_factory=dict)
+    """Peer plan step → why its batches are refused."""
+
+
+def check_peer_plans(plan: pb.RoundPlan, peer_plans: Sequence[pb.RoundPlan]) -> None:
+    """Check an asynchronous train order's peer plans against its own ``plan`` (docs/async.md).
+
+    At most :data:`MAX_PEER_PLANS`; each of ``plan``'s run, of a step other than ``plan.step`` and every other
+    peer plan's, with ≥ 1 prompt, G ≥ 1 and non-empty prompt ids unique within it. Raises
+    :class:`InvalidRequestError` naming the first bad plan (nothing is trained).
+    """
+    if len(peer_plans) > MAX_PEER_PLANS:
+        raise InvalidRequestError(f"the train order carries {len(peer_plans)} peer plans, at most {MAX_PEER_PLANS}")
+    steps: set[int] = set()
+    for i, p in enumerate(peer_plans):
+        what = f"peer plan {i} (step {p.step})"
+        if p.run_id != plan.run_id:
+            raise InvalidRequestError(f"{what} is for run {p.run_id[:64]!r}, the train order for run {plan.run_id!r}")
+        if p.step == plan.step:
+            raise InvalidRequestError(f"{what} has the train order's own step: the own step's plan is `plan`")
+        if p.step in steps:
+            raise InvalidRequestError(f"{what}: two peer plans for one step")
+        steps.add(p.step)
+        if not p.prompts or p.samples_per_prompt < 1:
+            raise InvalidRequestError(f"{what} needs at least one prompt and samples_per_prompt >= 1, has "
+                                      f"{len(p.prompts)} prompt(s) and samples_per_prompt {p.samples_per_prompt}")
+        ids = [q.prompt_id for q in p.prompts]
+        if not all(ids) or len(set(ids)) != len(ids):
+            raise InvalidRequestError(f"{what}: prompt ids must be non-empty and unique within the plan")
+
+
+def _conflicts(own: Mapping[str, pb.PromptItem], own_step: int, peer_plans: Sequence[pb.RoundPlan]) -> dict[int, str]:
+    """Peer plan step → why it is refused: a prompt id it shares with the own plan but with other content, or
+    one that peer plans give different contents (all of those plans are refused: none is known right)."""
+    seen: dict[str, dict[bytes, list[int]]] = {}
+    for p in peer_plans:
+        for q in p.prompts:
+            seen.setdefault(q.prompt_id, {}).setdefault(q.SerializeToString(deterministic=True), []).append(p.step)
+    out: dict[int, str] = {}
+    for pid, contents in seen.items():
+        if pid in own:
+            mine = own[pid].SerializeToString(deterministic=True)
+            bad = [s for content, ss in contents.items() if content != mine for s in ss]
+            whom = f"the own plan (step {own_step})"
+        else:
+            bad = [s for ss in contents.values() for s in ss] if len(contents) > 1 else []
+            whom = "another peer plan"
+        for s in bad:
+            out.setdefault(s, f"step {s}'s plan gives prompt {pid[:64]!r} another text, reference answer, answer "
+                              f"style or task than {whom}")
+    return out
+
+
+def _catalogue(own: StepRollouts, peer_plans: Sequence[pb.RoundPlan],
+               peer_prompt_ids: Mapping[str, Sequence[int]] | None) -> Catalogue:
+    """The request's :class:`Catalogue`. ``peer_prompt_ids``: the learner's rendering of every peer plan prompt
+    the own plan lacks. Raises ``ValueError`` when one of an accepted peer plan is missing (a caller's bug)."""
+    cat = Catalogue(prompts=dict(own.prompts), prompt_ids=dict(own.prompt_ids),
+                    plans={own.step: PlanRows(frozenset(own.prompt_ids), own.samples_per_prompt, own.max_new_tokens)})
+    cat.conflicts = _conflicts(own.prompts, own.step, peer_plans)
+    for p in peer_plans:
+        cat.plans[p.step] = PlanRows(frozenset(q.prompt_id for q in p.prompts), p.samples_per_prompt,
+                                     p.sampling.max_new_tokens or None)
+        if p.step in cat.conflicts:
+            continue
+        for q in p.prompts:
+            if q.prompt_id in cat.prompt_ids:
+                continue
+            if peer_prompt_ids is None or q.prompt_id not in peer_prompt_ids:
+                raise ValueError(f"no learner rendering of peer plan prompt {q.prompt_id!r} (step {p.step})")
+            cat.prompts[q.prompt_id] = q
+            cat.prompt_ids[q.prompt_id] = tuple(peer_prompt_ids[q.prompt_id])
+    return cat
+
+
+def _step_note(step: int, own_step: int) -> str:
+    """`` (step N)`` after an agent name in a rejection line when its batch answers a peer plan, else ""."""
+    return "" if step == own_step else f" (step {step})"
 
 
 def reward_terms(cfg) -> WeightedRewards | None:
@@ -147,35 +265,50 @@ class Trainer:
         self.pending = rollouts
 
     def train_step(self, plan: pb.RoundPlan, envelopes: Sequence[pb.SignedEnvelope],
-                   capability_table: pb.CapabilityTable) -> pb.TrainReport:
+                   capability_table: pb.CapabilityTable, peer_plans: Sequence[pb.RoundPlan] = (),
+                   peer_prompt_ids: Mapping[str, Sequence[int]] | None = None) -> pb.TrainReport:
         """Verify, build rows, compute advantages and update the model for ``plan``'s step.
 
+        ``peer_plans`` (asynchronous orders, docs/async.md): the plans that pooled peer batches of other steps
+        answer (:func:`check_peer_plans`); ``peer_prompt_ids``: the learner's rendering (token ids) of every
+        peer plan prompt id the own plan lacks. Without peer plans this is the synchronous step, exactly.
+
         Raises :class:`PreconditionError` when this worker holds no rollouts for (run id, step) or
-        the capability table is for another run/step. Everything else costs at most the batch it
+        the capability table is for another run/step; :class:`InvalidRequestError` for a malformed peer
+        plan (weights unchanged either way). Everything else costs at most the batch it
         concerns, which is reported in ``TrainReport.rejected`` and left out of training: a peer
-        envelope that does not open or fails the content checks, a peer without a usable capability
-        (missing, duplicated or not a finite positive number), a peer batch with an invalid reward
-        correction (an invalid correction of the learner's own rollouts is ignored).
+        envelope that does not open (or answers no plan of the order) or fails the content checks against
+        its plan, a second batch of one (agent, step), a batch repeating a rollout (prompt id, sample index)
+        already pooled from its agent, a batch of a peer plan refused for an inconsistent prompt
+        (:class:`Catalogue`), a peer without a usable capability (missing, duplicated or not a finite
+        positive number), a peer batch with an invalid reward correction (an invalid correction of the
+        learner's own rollouts is ignored).
         """
         t0 = time.perf_counter()
+        check_peer_plans(plan, peer_plans)
         own = self._own_rollouts(plan, capability_table)
-        batches, rejected = self._open_batches(envelopes, own)
+        cat = _catalogue(own, peer_plans, peer_prompt_ids)
+        batches, rejected = self._open_batches(envelopes, own, cat)
         t_verify = time.perf_counter()
-        rewards = self._rewards(batches, capability_table, rejected)
-        foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
+        rewards = self._rewards(batches, capability_table, rejected, own.step)
+        foreign = ({a: [r for b in sorted(bs, key=lambda b: b.step) for r in b.rollouts]
+                    for a, bs in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
+        origin = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() if a != self.agent
+                  for b in bs for r in b.rollouts}
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
         if self.algo.capability_scope == "task" and not capability_table.warmup:
-            ratios = self._task_ratios(capability_table, ratios, own)
+            ratios = self._task_ratios(capability_table, ratios, cat)
         guard = self.guard if self.guard is not None and self.guard.active and foreign else None
         screened_sources = sorted(foreign)
         if guard is not None:
-            foreign = self._screen(guard, own, foreign, rewards)
-        rewards, reward_means = self._training_rewards(own, foreign, rewards)
-        rows, dropped, cut = self._rows(own, foreign, rewards)
+            foreign = self._screen(guard, own, cat, foreign, rewards)
+        rewards, reward_means = self._training_rewards(own, cat, foreign, rewards)
+        rows, dropped, cut = self._rows(own, cat, foreign, rewards)
         t_rows = time.perf_counter()
-        advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
+        advantages = row_advantages(rows, ratios, self.algo, learner=self.agent,
+                                    no_own_baseline="plain_mean" if peer_plans else "raise")
         t_adv = time.perf_counter()
         metrics = self._update(rows, advantages, ratios, own.temperature, own.step,
                                row_gate=guard.gate if guard is not None else None)
@@ -191,10 +324,12 @@ class Trainer:
         timings = {"time/verify_s": t_verify - t0, "time/rows_s": t_rows - t_verify,
                    "time/advantages_s": t_adv - t_rows, "time/update_s": t_update - t_adv,
                    "time/total_s": time.perf_counter() - t0}
-        ignored = 0 if self.algo.share_rollouts else len(batches) - 1
+        ignored = 0 if self.algo.share_rollouts else sum(len(bs) for bs in batches.values()) - 1
         counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped),
                   "dropped_truncated_rows": float(sum(cut.values()))}
         counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
+        if peer_plans:
+            counts |= self._async_metrics(rows, origin, own.step)
         return self._report(own, rows, ratios, metrics | timings | counts | reward_means, rejected)
 
     # ------------------------------------------------------------------ phases
@@ -210,11 +345,16 @@ class Trainer:
                                     f"the plan for run {plan.run_id!r} step {plan.step}")
         return own
 
-    def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope],
-                      own: StepRollouts) -> tuple[dict[str, pb.RolloutBatch], list[str]]:
-        """Open every envelope against the roster; bad, duplicate or inconsistent ones are rejected."""
-        batches: dict[str, pb.RolloutBatch] = {self.agent: own.batch}
+    def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope], own: StepRollouts,
+                      cat: Catalogue) -> tuple[dict[str, list[pb.RolloutBatch]], list[str]]:
+        """Open every envelope against the roster and check it against the plan it answers (``cat.plans``);
+        bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted batches (the learner's:
+        its own batch of ``plan``, only ever that) and the rejection lines."""
+        batches: dict[str, list[pb.RolloutBatch]] = {self.agent: [own.batch]}
+        pooled: dict[str, set[tuple[str, int]]] = {}
+        """Agent → the (prompt id, sample index) of its accepted batches (one rollout per key and agent)."""
         rejected: list[str] = []
+        other_steps = frozenset(cat.plans) - {own.step}
         for n, env in enumerate(envelopes):
             if n >= MAX_ENVELOPES:
                 rejected.append(f"{len(envelopes) - n} more envelope(s) ignored: at most {MAX_ENVELOPES} per step")
@@ -227,57 +367,88 @@ class Trainer:
                 continue
             try:
                 batch = open_envelope(env, self.roster, run_id=own.run_id, step=own.step,
-                                      max_bytes=self.max_batch_bytes)
+                                      max_bytes=self.max_batch_bytes, other_steps=other_steps)
             except EnvelopeError as err:
                 rejected.append(f"{who}: {type(err).__name__}: {err}")
                 continue
-            if batch.agent_id in batches:
-                rejected.append(f"{who}: duplicate batch for this step")
+            problem = self._batch_problem(batch, cat, batches, pooled.get(batch.agent_id, set()))
+            if problem:
+                rejected.append(f"{who}{_step_note(batch.step, own.step)}: {problem}")
                 continue
-            try:
-                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt, max_new_tokens=own.max_new_tokens)
-            except BatchRejected as err:
-                rejected.append(f"{who}: {err.reason.value}: {err}")
-                continue
-            batches[batch.agent_id] = batch
+            batches.setdefault(batch.agent_id, []).append(batch)
+            pooled.setdefault(batch.agent_id, set()).update((r.prompt_id, r.sample_index) for r in batch.rollouts)
         return batches, rejected
 
-    def _rewards(self, batches: dict[str, pb.RolloutBatch], table: pb.CapabilityTable,
-                 rejected: list[str]) -> dict[tuple[str, str, int], float]:
+    @staticmethod
+    def _batch_problem(batch: pb.RolloutBatch, cat: Catalogue, batches: Mapping[str, list[pb.RolloutBatch]],
+                       pooled: set[tuple[str, int]]) -> str:
+        """Why an opened peer batch is not pooled ("" when it is): its plan refused (``inconsistent_plan``), a
+        batch of its (agent, step) already pooled, the content checks against its plan (:func:`check_rollouts`),
+        or (``duplicate_sample``) rollouts whose (prompt id, sample index) its agent's pooled batches already
+        hold: the same problem in two plans (a key must name one rollout of the pool)."""
+        if batch.step in cat.conflicts:
+            return f"inconsistent_plan: {cat.conflicts[batch.step]}; batch left out"
+        if any(b.step == batch.step for b in batches.get(batch.agent_id, ())):
+            return "duplicate batch for this step"
+        plan = cat.plans[batch.step]
+        try:
+            check_rollouts(batch, plan.prompt_ids, plan.samples_per_prompt, max_new_tokens=plan.max_new_tokens)
+        except BatchRejected as err:
+            return f"{err.reason.value}: {err}"
+        again = sorted({f"{r.prompt_id}#{r.sample_index}" for r in batch.rollouts
+                        if (r.prompt_id, r.sample_index) in pooled})
+        if again:
+            return (f"duplicate_sample: {len(again)} rollout(s) already pooled from {batch.agent_id} for another "
+                    f"step's plan (the same problem in two plans): {', '.join(again[:3])}"
+                    + (f" (+{len(again) - 3} more)" if len(again) > 3 else ""))
+        return ""
+
+    def _rewards(self, batches: dict[str, list[pb.RolloutBatch]], table: pb.CapabilityTable,
+                 rejected: list[str], own_step: int) -> dict[RowKey, float]:
         """Reward per (agent, prompt id, sample index): the batch's, overridden by the coordinator's corrections.
 
-        A correction whose reward is not a finite number in [0, 1] drops that peer's batch from ``batches``
-        (its true rewards are unknown; reported in ``rejected``); for the learner's own rollouts it is ignored.
+        A correction whose reward is not a finite number in [0, 1] drops the peer batch holding that rollout
+        from ``batches`` (its true rewards are unknown; reported in ``rejected``); for the learner's own
+        rollouts it is ignored. Keys are unique across an agent's batches (:meth:`_open_batches`).
         """
-        rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, b in batches.items() for r in b.rollouts}
-        bad: set[str] = set()
+        step_of = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() for b in bs
+                   for r in b.rollouts}
+        rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, bs in batches.items() for b in bs
+                   for r in b.rollouts}
+        bad: set[tuple[str, int]] = set()
         for c in table.corrections:
             key = (c.agent_id, c.prompt_id, c.sample_index)
             if key not in rewards:
                 continue
             if not (math.isfinite(c.reward) and 0.0 <= c.reward <= 1.0):
-                if c.agent_id not in bad:
-                    rejected.append(f"{c.agent_id}: coordinator correction of {c.prompt_id}#{c.sample_index} has "
-                                    f"reward {c.reward!r} outside [0, 1]"
+                where = (c.agent_id, step_of[key])
+                if where not in bad:
+                    rejected.append(f"{c.agent_id}{_step_note(where[1], own_step)}: coordinator correction of "
+                                    f"{c.prompt_id}#{c.sample_index} has reward {c.reward!r} outside [0, 1]"
                                     + ("; correction ignored" if c.agent_id == self.agent else "; batch left out"))
-                bad.add(c.agent_id)
+                bad.add(where)
                 continue
             rewards[key] = float(c.reward)
-        for agent in bad - {self.agent}:
-            del batches[agent]
+        for agent, step in bad:
+            if agent != self.agent:
+                batches[agent] = [b for b in batches[agent] if b.step != step]
+                if not batches[agent]:
+                    del batches[agent]
         return rewards
 
-    def _screen(self, guard: SiteGuard, own: StepRollouts, foreign: dict[str, list],
-                rewards: dict[tuple[str, str, int], float]) -> dict[str, list]:
-        """The site's own verdict on every foreign row (into ``rewards``), then the text screens."""
+    def _screen(self, guard: SiteGuard, own: StepRollouts, cat: Catalogue, foreign: dict[str, list],
+                rewards: dict[RowKey, float]) -> dict[str, list]:
+        """The site's own verdict on every foreign row (into ``rewards``), then the text screens. Problems,
+        references and answer styles come from the merged catalogue; the own texts (length references, own
+        phrases) are the own plan's rollouts."""
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
-        guard.reverify(foreign, own.prompts, rewards)
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards,
-                                 {pid: p.text for pid, p in own.prompts.items()})
+        guard.reverify(foreign, cat.prompts, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in cat.prompts.items()}, rewards,
+                                 {pid: p.text for pid, p in cat.prompts.items()})
 
-    def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
-                          rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:
+    def _training_rewards(self, own: StepRollouts, cat: Catalogue, foreign: Mapping[str, list],
+                          rewards: dict[RowKey, float]) -> tuple[dict, dict[str, float]]:
         """The weighted training reward of every row to train, own and foreign, computed by this learner from
         the text it holds (:mod:`hacrl_fed.reward.functions`: only the verified accuracy crosses the wire);
         the ``accuracy`` term is the coordinator-corrected reward. Also ``reward/<function>_mean``. Without
@@ -291,16 +462,17 @@ class Trainer:
             keys += [(agent, r.prompt_id, r.sample_index) for r in rollouts]
             texts += [r.response_text for r in rollouts]
             finish += ["stop" if r.finish_reason == pb.STOP else "length" for r in rollouts]
-        items = [own.prompts[pid] for _, pid, _ in keys]
+        items = [cat.prompts[pid] for _, pid, _ in keys]
         totals, means = self.rewards([p.text for p in items], texts, [rewards[k] for k in keys],
                                      answer=[p.reference_answer for p in items],
                                      answer_style=[p.answer_style or "boxed" for p in items],
                                      source_agent=[a for a, _, _ in keys], finish_reason=finish)
         return rewards | dict(zip(keys, totals, strict=True)), {f"reward/{n}_mean": v for n, v in means.items()}
 
-    def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
+    def _rows(self, own: StepRollouts, cat: Catalogue, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
-        """Own rows (generated ids) + foreign rows (re-tokenized). Rows left without a response token are
+        """Own rows (generated ids) + foreign rows (re-tokenized against the catalogue's learner renderings).
+        Rows left without a response token are
         dropped and counted; so are foreign rows cut by ``max_response_tokens`` in the learner's tokens
         (their source sum covers text the learner view lacks: no consistent ratio), per source."""
         own_rows = [
@@ -310,7 +482,7 @@ class Trainer:
                     max_response_tokens=self.max_response_tokens, behaviour_token_logprobs=s.token_logprobs)
             for (pid, idx), s in own.samples.items()
         ]
-        rows = build_rows(self.tokenizer, own.prompt_ids, own_rows, foreign, self.max_response_tokens,
+        rows = build_rows(self.tokenizer, cat.prompt_ids, own_rows, foreign, self.max_response_tokens,
                           rewards=rewards, separator=self.response_separator)
         kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
         cut: dict[str, int] = {src: 0 for src in foreign}
@@ -346,14 +518,27 @@ class Trainer:
         return out
 
     def _task_ratios(self, table: pb.CapabilityTable, ratios: dict[str, float],
-                     own: StepRollouts) -> dict[RatioKey, float]:
+                     cat: Catalogue) -> dict[RatioKey, float]:
         """``ratios`` plus r_{j→k}(t) per (source, prompt id) from the table's per-task capabilities
         (``algo.capability_scope = "task"``, :func:`hacrl_fed.algo.capability.task_ratios`). Entries that are not a
         finite positive number, and agents listed twice, are ignored (those rows keep the global ratio)."""
         caps = {a.agent_id: {t: v for t, v in a.task_capability.items() if math.isfinite(v) and v > 0}
                 for a in _listed_once(table)}
-        tasks = {pid: p.task for pid, p in own.prompts.items() if p.task}
+        tasks = {pid: p.task for pid, p in cat.prompts.items() if p.task}
         return task_ratios(ratios, caps, self.agent, tasks, ratio_clip=self.algo.ratio_clip)
+
+    def _async_metrics(self, rows: Sequence[TrainingRow], origin: Mapping[RowKey, int],
+                       own_step: int) -> dict[str, float]:
+        """Asynchronous orders only: ``async/peer_plans`` (peer plans with rows in the update),
+        ``async/peer_plan_rows`` (foreign rows of peer-plan batches in the update) and ``async/no_own_groups``
+        (prompt groups of the update holding no own row). ``origin``: each pooled foreign rollout's step."""
+        steps = [origin[(r.source_agent, r.prompt_id, int(r.sample_index))] for r in rows if not r.is_own]
+        peer = [s for s in steps if s != own_step]
+        groups: dict[str, bool] = {}
+        for r in rows:
+            groups[r.prompt_id] = groups.get(r.prompt_id, False) or bool(r.is_own)
+        return {"async/peer_plans": float(len(set(peer))), "async/peer_plan_rows": float(len(peer)),
+                "async/no_own_groups": float(sum(not has_own for has_own in groups.values()))}
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[RatioKey, float],
                 temperature: float, step: int, row_gate=None) -> dict[str, float]:
