@@ -346,10 +346,11 @@ class Trainer:
         return own
 
     def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope], own: StepRollouts,
-                      cat: Catalogue) -> tuple[dict[str, list[pb.RolloutBatch]], list[str]]:
-        """Open every envelope against the roster and check it against the plan it answers (``cat.plans``);
-        bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted batches (the learner's:
-        its own batch of ``plan``, only ever that) and the rejection lines."""
+                      cat: Catalogue | None = None) -> tuple[dict[str, list[pb.RolloutBatch]], list[str]]:
+        """Open every envelope against the roster and check it against the plan it answers (``cat.plans``;
+        None: the own plan only); bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted
+        batches (the learner's: its own batch of ``plan``, only ever that) and the rejection lines."""
+        cat = cat if cat is not None else _catalogue(own, (), None)
         batches: dict[str, list[pb.RolloutBatch]] = {self.agent: [own.batch]}
         pooled: dict[str, set[tuple[str, int]]] = {}
         """Agent → the (prompt id, sample index) of its accepted batches (one rollout per key and agent)."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hacrl_fed.algo.advantages import ADV_EPS, group_advantages_reference, row_advantages
+from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.protocol.envelope import sign_batch
 from hacrl_fed.protocol.keys import load_signing_key
 from hacrl_fed.screen_config import ScreenConfig
@@ -154,6 +155,28 @@ def test_peer_plans_that_contradict_each_other_are_both_refused(make_sites, plan
     assert "another peer plan" in report.rejected[0]
     assert _per_source(report)["bob"]["rows"] == 6
     assert report.metrics["async/peer_plans"] == 0 and report.metrics["async/no_own_groups"] == 0
+
+
+def test_capability_per_task_reads_the_tasks_of_peer_plans(make_sites, plans):
+    make_plan, make_table = plans
+    sites = make_sites(KINDS, algo=AlgoConfig(capability_scope="task"), screens=ScreenConfig(reverify=False))
+    alice, bob = sites.start("alice"), sites.start("bob")
+    p1, p2 = make_plan(1), make_plan(2)
+    for p, task in ((p1, "words"), (p2, "sums")):
+        for q in p.prompts:
+            q.task = task
+    env_b1 = bob.generate(p1).envelope
+    env_a2, env_b2 = alice.generate(p2).envelope, bob.generate(p2).envelope
+    table = make_table(p2, {"alice": 0.4, "bob": 0.4})
+    caps = {"alice": {"sums": 0.8, "words": 0.4}, "bob": {"sums": 0.2, "words": 0.8}}
+    for a in table.agents:
+        a.task_capability.update(caps[a.agent_id])
+    report = alice.train(wpb.TrainRequest(run_id="run-a", step=2, plan=p2, capabilities=table, peer_plans=[p1],
+                                          envelopes=[env_a2, env_b1, env_b2]))
+    src = _per_source(report)
+    assert not report.rejected and src["bob"]["rows"] == 12
+    # 6 rows on sums (own plan) at r = 0.2 / 0.8, 6 on words (the peer plan's task) at r = 0.8 / 0.4
+    assert src["bob"]["capability_ratio_rows_mean"] == pytest.approx((6 * 0.25 + 6 * 2.0) / 12)
 
 
 def test_malformed_peer_plans_refuse_the_order_with_the_weights_unchanged(make_sites, plans):
