@@ -22,6 +22,7 @@ from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import prompt_record, render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
+from hacrl_fed.protocol.plans import PlanError, check_peer_plans
 from hacrl_fed.reward import Verifier
 from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
@@ -36,7 +37,7 @@ from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
-from hacrl_fed.worker.trainer import StepRollouts, Trainer, check_peer_plans, process_rss_bytes, reward_terms
+from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
 
 __all__ = ["AgentWorker", "generation_seed", "sampling_from_proto", "train_summary"]
 
@@ -145,19 +146,17 @@ def _check_prompts(prompts) -> None:
 
 
 def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
-    """An asynchronous train order's peer plans (docs/async.md): :func:`~hacrl_fed.worker.trainer.check_peer_plans`
-    (bounded, the order's run, distinct steps other than its own), then each plan's prompts as a Generate
-    request's and its G and generation cap within the same bounds. Raises InvalidRequestError naming the plan."""
-    check_peer_plans(plan, peer_plans)
-    for i, p in enumerate(peer_plans):
-        what = f"peer plan {i} (step {p.step})"
-        if p.samples_per_prompt > MAX_SAMPLES_PER_PROMPT or p.sampling.max_new_tokens > MAX_NEW_TOKENS:
-            raise InvalidRequestError(f"{what}: samples_per_prompt must be <= {MAX_SAMPLES_PER_PROMPT} and "
-                                      f"max_new_tokens <= {MAX_NEW_TOKENS}")
-        try:
-            _check_prompts(p.prompts)
-        except InvalidRequestError as err:
-            raise InvalidRequestError(f"{what}: {err}") from None
+    """An asynchronous train order's peer plans (docs/async.md, :func:`~hacrl_fed.protocol.plans.check_peer_plans`
+    with a Generate request's bounds), and each plan's prompts as a Generate request's. Raises InvalidRequestError."""
+    try:
+        check_peer_plans(plan, peer_plans, max_samples_per_prompt=MAX_SAMPLES_PER_PROMPT, max_new_tokens=MAX_NEW_TOKENS)
+        for i, p in enumerate(peer_plans):
+            try:
+                _check_prompts(p.prompts)
+            except InvalidRequestError as err:
+                raise PlanError(f"peer plan {i} (step {p.step}): {err}") from None
+    except PlanError as err:
+        raise InvalidRequestError(str(err)) from None
 
 
 def _check_release(cfg: AgentConfig, roster: Mapping[str, Any]) -> None:
@@ -317,8 +316,7 @@ class AgentWorker:
             raise PreconditionError(f"step {step} is already trained (last completed step {self.trainer.step})")
 
     def _render_peer_prompts(self, plan: pb.RoundPlan, peer_plans) -> dict[str, tuple[int, ...]]:
-        """The learner's rendering of every peer plan prompt id the own ``plan`` lacks (the first plan's text
-        of an id; a peer plan giving an id other content is refused by the trainer, never trained)."""
+        """The learner's rendering of every peer plan prompt id the own ``plan`` lacks (the first text of an id)."""
         mine = {p.prompt_id for p in plan.prompts}
         todo: dict[str, pb.PromptItem] = {}
         for pp in peer_plans:
@@ -445,9 +443,8 @@ class AgentWorker:
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
         """Verify the pooled envelopes and run the HACPO update of ``req.step``.
 
-        An asynchronous order's ``peer_plans`` (docs/async.md) are checked (:func:`_check_peer_plans`; a malformed
-        one is refused with InvalidRequestError, weights unchanged) and their prompts rendered for the learner;
-        pooled peer batches may answer them (:meth:`Trainer.train_step`).
+        An asynchronous order's ``peer_plans`` (docs/async.md) are checked (:func:`_check_peer_plans`) and their
+        prompts rendered for the learner: pooled peer batches may answer them (:meth:`Trainer.train_step`).
 
         Refuses (PreconditionError, weights unchanged) an order whose ``deadline_unix_s`` has passed when it
         would start, e.g. after a stall: the coordinator has already recorded that step as failed here.

@@ -14,11 +14,8 @@
 
 Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
 
-Asynchronous train orders (``run.mode = "async"``, docs/async.md) also carry ``peer_plans``: the plans of
-pooled peer batches of other steps. Each peer batch is checked against the plan it answers, every phase after
-the envelopes reads the merged prompt catalogue (own plan ∪ peer plans, :class:`Catalogue`), and a prompt
-group without own rows takes the ``plain_mean`` baseline (:func:`hacrl_fed.algo.advantages.group_advantages`).
-Without peer plans the step is exactly the synchronous one.
+Asynchronous orders (docs/async.md) add ``peer_plans``: pooled peer batches may answer them; every phase reads the
+merged prompt catalogue (:mod:`hacrl_fed.protocol.plans`); groups without own rows take the ``plain_mean`` baseline.
 """
 
 from __future__ import annotations
@@ -38,25 +35,20 @@ from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
-from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
+from hacrl_fed.protocol.plans import Catalogue, async_metrics, catalogue, check_peer_plans, pool_problem
 from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
-from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+from hacrl_fed.worker.errors import PreconditionError
 
-__all__ = ["MAX_ENVELOPES", "MAX_PEER_PLANS", "Catalogue", "StepRollouts", "Trainer", "check_peer_plans",
-           "process_rss_bytes", "reward_terms"]
+__all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
-MAX_PEER_PLANS = 64
-"""Peer plans one train request may carry (the train order's ``peer-round-plans`` bound,
-``hacrl_fed.flower.records.MAX_PEER_PLANS``)."""
-RowKey = tuple[str, str, int]
-"""(source agent, prompt id, sample index): one rollout of the step's pool."""
+RowKey = tuple[str, str, int]   # (source agent, prompt id, sample index): one rollout of the step's pool
 
 
 def _listed_once(table: pb.CapabilityTable) -> list[pb.AgentCapability]:
@@ -87,107 +79,6 @@ class StepRollouts:
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
     prompts: dict[str, pb.PromptItem] = field(default_factory=dict)
     """The plan's prompts by id (problem text, reference answer, style: the columns of the reward functions)."""
-
-
-@dataclass(frozen=True)
-class PlanRows:
-    """What a peer batch answering one plan must hold (the arguments of :func:`check_rollouts`)."""
-
-    prompt_ids: frozenset[str]
-    samples_per_prompt: int
-    """G: rollouts per prompt."""
-    max_new_tokens: int | None
-    """The plan's generation cap (None: no length bound)."""
-
-
-@dataclass
-class Catalogue:
-    """The prompts one train request's rows answer: the own plan's, plus (asynchronous orders) the peer plans'.
-
-    A prompt id names one problem across the catalogue: a peer plan giving a prompt id of the own plan other
-    content (text, reference answer, answer style, task), or one that two peer plans give different content,
-    is refused as a whole (``conflicts``; its batches are rejected with the reason, the own plan always stands).
-    """
-
-    prompts: dict[str, pb.PromptItem]
-    """Prompt id → problem (own plan first; refused peer plans left out)."""
-    prompt_ids: dict[str, tuple[int, ...]]
-    """Prompt id → the learner's rendering of it (token ids), for every prompt of ``prompts``."""
-    plans: dict[int, PlanRows]
-    """Step → what a batch of that step must hold: the own step and every peer plan's."""
-    conflicts: dict[int, str] = field(default_factory=dict)
-    """Peer plan step → why its batches are refused."""
-
-
-def check_peer_plans(plan: pb.RoundPlan, peer_plans: Sequence[pb.RoundPlan]) -> None:
-    """Check an asynchronous train order's peer plans against its own ``plan`` (docs/async.md).
-
-    At most :data:`MAX_PEER_PLANS`; each of ``plan``'s run, of a step other than ``plan.step`` and every other
-    peer plan's, with ≥ 1 prompt, G ≥ 1 and non-empty prompt ids unique within it. Raises
-    :class:`InvalidRequestError` naming the first bad plan (nothing is trained).
-    """
-    if len(peer_plans) > MAX_PEER_PLANS:
-        raise InvalidRequestError(f"the train order carries {len(peer_plans)} peer plans, at most {MAX_PEER_PLANS}")
-    steps: set[int] = set()
-    for i, p in enumerate(peer_plans):
-        what = f"peer plan {i} (step {p.step})"
-        if p.run_id != plan.run_id:
-            raise InvalidRequestError(f"{what} is for run {p.run_id[:64]!r}, the train order for run {plan.run_id!r}")
-        if p.step == plan.step:
-            raise InvalidRequestError(f"{what} has the train order's own step: the own step's plan is `plan`")
-        if p.step in steps:
-            raise InvalidRequestError(f"{what}: two peer plans for one step")
-        steps.add(p.step)
-        if not p.prompts or p.samples_per_prompt < 1:
-            raise InvalidRequestError(f"{what} needs at least one prompt and samples_per_prompt >= 1, has "
-                                      f"{len(p.prompts)} prompt(s) and samples_per_prompt {p.samples_per_prompt}")
-        ids = [q.prompt_id for q in p.prompts]
-        if not all(ids) or len(set(ids)) != len(ids):
-            raise InvalidRequestError(f"{what}: prompt ids must be non-empty and unique within the plan")
-
-
-def _conflicts(own: Mapping[str, pb.PromptItem], own_step: int, peer_plans: Sequence[pb.RoundPlan]) -> dict[int, str]:
-    """Peer plan step → why it is refused: a prompt id it shares with the own plan but with other content, or
-    one that peer plans give different contents (all of those plans are refused: none is known right)."""
-    seen: dict[str, dict[bytes, list[int]]] = {}
-    for p in peer_plans:
-        for q in p.prompts:
-            seen.setdefault(q.prompt_id, {}).setdefault(q.SerializeToString(deterministic=True), []).append(p.step)
-    out: dict[int, str] = {}
-    for pid, contents in seen.items():
-        if pid in own:
-            mine = own[pid].SerializeToString(deterministic=True)
-            bad = [s for content, ss in contents.items() if content != mine for s in ss]
-            whom = f"the own plan (step {own_step})"
-        else:
-            bad = [s for ss in contents.values() for s in ss] if len(contents) > 1 else []
-            whom = "another peer plan"
-        for s in bad:
-            out.setdefault(s, f"step {s}'s plan gives prompt {pid[:64]!r} another text, reference answer, answer "
-                              f"style or task than {whom}")
-    return out
-
-
-def _catalogue(own: StepRollouts, peer_plans: Sequence[pb.RoundPlan],
-               peer_prompt_ids: Mapping[str, Sequence[int]] | None) -> Catalogue:
-    """The request's :class:`Catalogue`. ``peer_prompt_ids``: the learner's rendering of every peer plan prompt
-    the own plan lacks. Raises ``ValueError`` when one of an accepted peer plan is missing (a caller's bug)."""
-    cat = Catalogue(prompts=dict(own.prompts), prompt_ids=dict(own.prompt_ids),
-                    plans={own.step: PlanRows(frozenset(own.prompt_ids), own.samples_per_prompt, own.max_new_tokens)})
-    cat.conflicts = _conflicts(own.prompts, own.step, peer_plans)
-    for p in peer_plans:
-        cat.plans[p.step] = PlanRows(frozenset(q.prompt_id for q in p.prompts), p.samples_per_prompt,
-                                     p.sampling.max_new_tokens or None)
-        if p.step in cat.conflicts:
-            continue
-        for q in p.prompts:
-            if q.prompt_id in cat.prompt_ids:
-                continue
-            if peer_prompt_ids is None or q.prompt_id not in peer_prompt_ids:
-                raise ValueError(f"no learner rendering of peer plan prompt {q.prompt_id!r} (step {p.step})")
-            cat.prompts[q.prompt_id] = q
-            cat.prompt_ids[q.prompt_id] = tuple(peer_prompt_ids[q.prompt_id])
-    return cat
 
 
 def _step_note(step: int, own_step: int) -> str:
@@ -269,33 +160,31 @@ class Trainer:
                    peer_prompt_ids: Mapping[str, Sequence[int]] | None = None) -> pb.TrainReport:
         """Verify, build rows, compute advantages and update the model for ``plan``'s step.
 
-        ``peer_plans`` (asynchronous orders, docs/async.md): the plans that pooled peer batches of other steps
-        answer (:func:`check_peer_plans`); ``peer_prompt_ids``: the learner's rendering (token ids) of every
-        peer plan prompt id the own plan lacks. Without peer plans this is the synchronous step, exactly.
+        ``peer_plans`` (asynchronous orders, docs/async.md): the plans of pooled peer batches of other steps;
+        ``peer_prompt_ids``: the learner's rendering of every peer plan prompt id the own plan lacks.
 
         Raises :class:`PreconditionError` when this worker holds no rollouts for (run id, step) or
-        the capability table is for another run/step; :class:`InvalidRequestError` for a malformed peer
-        plan (weights unchanged either way). Everything else costs at most the batch it
+        the capability table is for another run/step; ``PlanError`` for a malformed peer plan
+        (:func:`~hacrl_fed.protocol.plans.check_peer_plans`). Everything else costs at most the batch it
         concerns, which is reported in ``TrainReport.rejected`` and left out of training: a peer
         envelope that does not open (or answers no plan of the order) or fails the content checks against
         its plan, a second batch of one (agent, step), a batch repeating a rollout (prompt id, sample index)
         already pooled from its agent, a batch of a peer plan refused for an inconsistent prompt
-        (:class:`Catalogue`), a peer without a usable capability (missing, duplicated or not a finite
-        positive number), a peer batch with an invalid reward correction (an invalid correction of the
+        (:func:`~hacrl_fed.protocol.plans.pool_problem`), a peer without a usable capability (missing, duplicated
+        or not a finite positive number), a peer batch with an invalid reward correction (an invalid correction of the
         learner's own rollouts is ignored).
         """
         t0 = time.perf_counter()
         check_peer_plans(plan, peer_plans)
         own = self._own_rollouts(plan, capability_table)
-        cat = _catalogue(own, peer_plans, peer_prompt_ids)
+        cat = catalogue(own, peer_plans, peer_prompt_ids)
         batches, rejected = self._open_batches(envelopes, own, cat)
         t_verify = time.perf_counter()
         rewards = self._rewards(batches, capability_table, rejected, own.step)
         foreign = ({a: [r for b in sorted(bs, key=lambda b: b.step) for r in b.rollouts]
                     for a, bs in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
-        origin = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() if a != self.agent
-                  for b in bs for r in b.rollouts}
+        origin = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() for b in bs for r in b.rollouts}
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
         if self.algo.capability_scope == "task" and not capability_table.warmup:
@@ -329,7 +218,7 @@ class Trainer:
                   "dropped_truncated_rows": float(sum(cut.values()))}
         counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
         if peer_plans:
-            counts |= self._async_metrics(rows, origin, own.step)
+            counts |= async_metrics(rows, origin, own.step)
         return self._report(own, rows, ratios, metrics | timings | counts | reward_means, rejected)
 
     # ------------------------------------------------------------------ phases
@@ -347,13 +236,11 @@ class Trainer:
 
     def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope], own: StepRollouts,
                       cat: Catalogue | None = None) -> tuple[dict[str, list[pb.RolloutBatch]], list[str]]:
-        """Open every envelope against the roster and check it against the plan it answers (``cat.plans``;
-        None: the own plan only); bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted
-        batches (the learner's: its own batch of ``plan``, only ever that) and the rejection lines."""
-        cat = cat if cat is not None else _catalogue(own, (), None)
+        """Open every envelope against the roster and check it against the plan it answers (``cat``; None: the own
+        plan only); bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted batches."""
+        cat = cat if cat is not None else catalogue(own)
         batches: dict[str, list[pb.RolloutBatch]] = {self.agent: [own.batch]}
-        pooled: dict[str, set[tuple[str, int]]] = {}
-        """Agent → the (prompt id, sample index) of its accepted batches (one rollout per key and agent)."""
+        pooled: dict[str, set[tuple[str, int]]] = {}   # agent → (prompt id, sample index) of its pooled batches
         rejected: list[str] = []
         other_steps = frozenset(cat.plans) - {own.step}
         for n, env in enumerate(envelopes):
@@ -372,37 +259,14 @@ class Trainer:
             except EnvelopeError as err:
                 rejected.append(f"{who}: {type(err).__name__}: {err}")
                 continue
-            problem = self._batch_problem(batch, cat, batches, pooled.get(batch.agent_id, set()))
+            problem = pool_problem(batch, cat, {b.step for b in batches.get(batch.agent_id, ())},
+                                   pooled.get(batch.agent_id, set()))
             if problem:
                 rejected.append(f"{who}{_step_note(batch.step, own.step)}: {problem}")
                 continue
             batches.setdefault(batch.agent_id, []).append(batch)
             pooled.setdefault(batch.agent_id, set()).update((r.prompt_id, r.sample_index) for r in batch.rollouts)
         return batches, rejected
-
-    @staticmethod
-    def _batch_problem(batch: pb.RolloutBatch, cat: Catalogue, batches: Mapping[str, list[pb.RolloutBatch]],
-                       pooled: set[tuple[str, int]]) -> str:
-        """Why an opened peer batch is not pooled ("" when it is): its plan refused (``inconsistent_plan``), a
-        batch of its (agent, step) already pooled, the content checks against its plan (:func:`check_rollouts`),
-        or (``duplicate_sample``) rollouts whose (prompt id, sample index) its agent's pooled batches already
-        hold: the same problem in two plans (a key must name one rollout of the pool)."""
-        if batch.step in cat.conflicts:
-            return f"inconsistent_plan: {cat.conflicts[batch.step]}; batch left out"
-        if any(b.step == batch.step for b in batches.get(batch.agent_id, ())):
-            return "duplicate batch for this step"
-        plan = cat.plans[batch.step]
-        try:
-            check_rollouts(batch, plan.prompt_ids, plan.samples_per_prompt, max_new_tokens=plan.max_new_tokens)
-        except BatchRejected as err:
-            return f"{err.reason.value}: {err}"
-        again = sorted({f"{r.prompt_id}#{r.sample_index}" for r in batch.rollouts
-                        if (r.prompt_id, r.sample_index) in pooled})
-        if again:
-            return (f"duplicate_sample: {len(again)} rollout(s) already pooled from {batch.agent_id} for another "
-                    f"step's plan (the same problem in two plans): {', '.join(again[:3])}"
-                    + (f" (+{len(again) - 3} more)" if len(again) > 3 else ""))
-        return ""
 
     def _rewards(self, batches: dict[str, list[pb.RolloutBatch]], table: pb.CapabilityTable,
                  rejected: list[str], own_step: int) -> dict[RowKey, float]:
@@ -439,9 +303,8 @@ class Trainer:
 
     def _screen(self, guard: SiteGuard, own: StepRollouts, cat: Catalogue, foreign: dict[str, list],
                 rewards: dict[RowKey, float]) -> dict[str, list]:
-        """The site's own verdict on every foreign row (into ``rewards``), then the text screens. Problems,
-        references and answer styles come from the merged catalogue; the own texts (length references, own
-        phrases) are the own plan's rollouts."""
+        """The site's own verdict on every foreign row (into ``rewards``), then the text screens: problems from the
+        merged catalogue, own texts (length references, own phrases) from the own plan's rollouts."""
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, cat.prompts, rewards)
@@ -527,19 +390,6 @@ class Trainer:
                 for a in _listed_once(table)}
         tasks = {pid: p.task for pid, p in cat.prompts.items() if p.task}
         return task_ratios(ratios, caps, self.agent, tasks, ratio_clip=self.algo.ratio_clip)
-
-    def _async_metrics(self, rows: Sequence[TrainingRow], origin: Mapping[RowKey, int],
-                       own_step: int) -> dict[str, float]:
-        """Asynchronous orders only: ``async/peer_plans`` (peer plans with rows in the update),
-        ``async/peer_plan_rows`` (foreign rows of peer-plan batches in the update) and ``async/no_own_groups``
-        (prompt groups of the update holding no own row). ``origin``: each pooled foreign rollout's step."""
-        steps = [origin[(r.source_agent, r.prompt_id, int(r.sample_index))] for r in rows if not r.is_own]
-        peer = [s for s in steps if s != own_step]
-        groups: dict[str, bool] = {}
-        for r in rows:
-            groups[r.prompt_id] = groups.get(r.prompt_id, False) or bool(r.is_own)
-        return {"async/peer_plans": float(len(set(peer))), "async/peer_plan_rows": float(len(peer)),
-                "async/no_own_groups": float(sum(not has_own for has_own in groups.values()))}
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[RatioKey, float],
                 temperature: float, step: int, row_gate=None) -> dict[str, float]:
