@@ -10,6 +10,10 @@ with the reference codes' guards (spec §12): a group whose rewards are all equa
 exactly; if μ̂ > 1 (binary rewards), μ̂ := mean of the learner's own rewards in the group;
 a group of size 1 uses μ = 0, σ = 1. Groups need not have equal sizes. Pure tensor code.
 
+Named extension for groups without own rows (``no_own_baseline``; this project's asynchronous rounds,
+docs/async.md): ``raise`` (default, the paper) refuses a group whose guard fires while it holds no own row;
+``plain_mean`` uses μ̂ := the plain mean of that group's raw rewards there (Eq. 7 with ω = 1).
+
 Named alternatives of the denominator (``AlgoConfig.reward_scaling``; TRL ``scale_rewards``), the
 baseline μ̂ and the guards unchanged: ``batch`` divides by σ_B + ε, σ_B = unbiased std of every reward
 of the learner's batch (1 for a batch of one row); ``none`` (Dr. GRPO) by 1, A_i = R_i − μ̂.
@@ -51,6 +55,8 @@ class AdvantageInputs:
     group_index: Tensor
     source_ratio: Tensor
     is_own: Tensor
+    no_own_baseline: str = "raise"
+    """Baseline of a group without own rows whose guard fires (:data:`NO_OWN_BASELINES`, :func:`group_advantages`)."""
 
 
 def _check_rows(rewards: Tensor, group_index: Tensor, weight: Tensor, is_own: Tensor) -> None:
@@ -67,10 +73,18 @@ def _check_rows(rewards: Tensor, group_index: Tensor, weight: Tensor, is_own: Te
 
 
 SCALINGS = ("group", "batch", "none")
+NO_OWN_BASELINES = ("raise", "plain_mean")
+"""Rules for a group that holds no own row when the μ̂ guard fires (:func:`group_advantages`)."""
+
+
+def _check_no_own_baseline(rule: str) -> None:
+    if rule not in NO_OWN_BASELINES:
+        raise ValueError(f"unknown no_own_baseline {rule!r}; valid: {', '.join(NO_OWN_BASELINES)}")
 
 
 def group_advantages(rewards: Tensor, group_index: Tensor, baseline_weight: Tensor, is_own: Tensor, *,
-                     eps: float = ADV_EPS, baseline_guard: float | None = 1.0, scaling: str = "group") -> Tensor:
+                     eps: float = ADV_EPS, baseline_guard: float | None = 1.0, scaling: str = "group",
+                     no_own_baseline: str = "raise") -> Tensor:
     """Capability-weighted group advantages, vectorized over prompt groups (Eqs. 6–7; T1–T6, T16).
 
     Args:
@@ -82,17 +96,25 @@ def group_advantages(rewards: Tensor, group_index: Tensor, baseline_weight: Tens
         baseline_guard: if μ̂ exceeds it, μ̂ := mean of own rewards of the group; None = off.
         scaling: the denominator, ``group`` (σ + eps, Eq. 6), ``batch`` (σ_B + eps) or ``none`` (1); see
             the module docstring.
+        no_own_baseline: what a group that holds no own row does when its guard fires (μ̂ > ``baseline_guard``):
+            ``raise`` (the paper's rule: the guard falls back to the mean of the learner's own rewards, which such
+            a group lacks) or ``plain_mean``, μ̂ := (1/n) Σ_i R_i over the group's raw rewards (Eq. 7 with every
+            ω = 1; ≤ 1 for rewards in [0, 1]). The paper has no such groups (in a synchronous round every group
+            holds the learner's G own rows); this project's asynchronous rounds do (peer batches answering other
+            steps' plans, docs/async.md), and only they pass ``plain_mean``. Groups with own rows are unaffected.
 
     Returns:
         float64 [R] advantages, one per row, constant within a response.
 
     Raises:
-        ValueError: mismatched shapes, non-finite rewards, non-positive weights, an unknown scaling, or a
-            group whose guard fires while it holds no own row (the guard needs the learner's own rewards).
+        ValueError: mismatched shapes, non-finite rewards, non-positive weights, an unknown scaling or
+            ``no_own_baseline``, or (``no_own_baseline = "raise"``) a group whose guard fires while it holds no
+            own row.
     """
     _check_rows(rewards, group_index, baseline_weight, is_own)
     if scaling not in SCALINGS:
         raise ValueError(f"unknown reward scaling {scaling!r}; valid: {', '.join(SCALINGS)}")
+    _check_no_own_baseline(no_own_baseline)
     r = rewards.detach().to(torch.float64).cpu()
     w = baseline_weight.detach().to(torch.float64).cpu()
     g = group_index.detach().long().cpu()
@@ -119,12 +141,14 @@ def group_advantages(rewards: Tensor, group_index: Tensor, baseline_weight: Tens
         own_n = gsum(own.to(torch.float64))
         own_mean = gsum(r * own) / own_n.clamp(min=1.0)
         guard = (mu > baseline_guard) & ~uniform & ~single
-        if bool((guard & (own_n == 0)).any()):
-            bad = torch.nonzero(guard & (own_n == 0)).flatten().tolist()
+        no_own = guard & (own_n == 0)
+        if no_own_baseline == "raise" and bool(no_own.any()):
+            bad = torch.nonzero(no_own).flatten().tolist()
             raise ValueError(f"baseline μ̂ > {baseline_guard} in groups {bad[:5]} that hold no own row; "
                              "the guard replaces μ̂ by the mean of the learner's own rewards")
         # μ̂ > 1 ⇒ μ̂ := (1/G) Σ_i R(y^(k)_i)   (guard of both codes; spec T4)
-        mu = torch.where(guard, own_mean, mu)
+        # no own row (plain_mean, docs/async.md) ⇒ μ̂ := (1/n) Σ_i R_i   (Eq. 7 with ω = 1)
+        mu = torch.where(no_own, raw_mean, torch.where(guard, own_mean, mu))
     # group of size 1: μ = 0, σ = 1   (spec §12)
     mu = torch.where(single, torch.zeros_like(mu), mu)
     sigma = torch.where(single, torch.ones_like(sigma), sigma)
@@ -148,8 +172,9 @@ def _denominator(r: Tensor, sigma: Tensor, single: Tensor, eps: float, scaling: 
 def group_advantages_reference(rewards: Sequence[float], group_index: Sequence[int],
                                baseline_weight: Sequence[float], is_own: Sequence[bool], *,
                                eps: float = ADV_EPS, baseline_guard: float | None = 1.0,
-                               scaling: str = "group") -> list[float]:
+                               scaling: str = "group", no_own_baseline: str = "raise") -> list[float]:
     """Plain-loop reference of :func:`group_advantages` (same contract, Python floats), for tests."""
+    _check_no_own_baseline(no_own_baseline)
     groups: dict[int, list[int]] = {}
     for i, gid in enumerate(group_index):
         groups.setdefault(int(gid), []).append(i)
@@ -166,9 +191,12 @@ def group_advantages_reference(rewards: Sequence[float], group_index: Sequence[i
             sigma = statistics.stdev(rs) if scaling == "group" else batch_sigma
             own = [float(rewards[i]) for i in members if is_own[i]]
             if baseline_guard is not None and mu > baseline_guard:
-                if not own:
+                if own:
+                    mu = sum(own) / len(own)
+                elif no_own_baseline == "plain_mean":
+                    mu = sum(rs) / len(rs)             # Eq. 7 with ω = 1 (docs/async.md)
+                else:
                     raise ValueError("baseline guard fired in a group without own rows")
-                mu = sum(own) / len(own)
         for i in members:
             out[i] = (float(rewards[i]) - mu) / (1.0 if scaling == "none" else sigma + eps)
     return out
@@ -180,7 +208,8 @@ def hacpo_advantages(inputs: AdvantageInputs, cfg: AlgoConfig) -> Tensor:
     # ω^(k,j) = P̂_k / P̂_j = 1 / r_{j→k}   (own rows: r = 1 ⇒ ω = 1)
     weight = 1.0 / inputs.source_ratio.to(torch.float64)
     return group_advantages(inputs.rewards, inputs.group_index, weight, inputs.is_own,
-                            baseline_guard=cfg.baseline_guard, scaling=cfg.reward_scaling)
+                            baseline_guard=cfg.baseline_guard, scaling=cfg.reward_scaling,
+                            no_own_baseline=inputs.no_own_baseline)
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
@@ -188,20 +217,23 @@ def joint_group_advantages(inputs: AdvantageInputs, cfg: AlgoConfig) -> Tensor:
     """Plain group baseline over every row of the prompt ("HACPO − Adv", naive sharing, GRPO/GSPO; T3)."""
     weight = torch.ones_like(inputs.rewards, dtype=torch.float64)
     return group_advantages(inputs.rewards, inputs.group_index, weight, inputs.is_own,
-                            baseline_guard=cfg.baseline_guard, scaling=cfg.reward_scaling)
+                            baseline_guard=cfg.baseline_guard, scaling=cfg.reward_scaling,
+                            no_own_baseline=inputs.no_own_baseline)
 
 
 def advantage_inputs(rows: Sequence[Any], ratios: Mapping[RatioKey, float], *, learner: str,
-                     share_rollouts: bool = True) -> AdvantageInputs:
+                     share_rollouts: bool = True, no_own_baseline: str = "raise") -> AdvantageInputs:
     """Build :class:`AdvantageInputs` from training rows (``TrainingRow``-like: ``prompt_id``,
     ``source_agent``, ``is_own``, ``reward``). ``ratios``: r_{j→k} per source j, or per (j, prompt id) where the
-    capability is per task (:func:`hacrl_fed.algo.capability.row_ratio`).
+    capability is per task (:func:`hacrl_fed.algo.capability.row_ratio`). ``no_own_baseline``: see
+    :func:`group_advantages`.
 
     Raises:
         ValueError: ``is_own`` disagrees with ``source_agent == learner``; foreign rows while
             ``share_rollouts`` is False; a foreign source missing from ``ratios`` or with a
-            non-finite / non-positive ratio.
+            non-finite / non-positive ratio; an unknown ``no_own_baseline``.
     """
+    _check_no_own_baseline(no_own_baseline)
     groups: dict[str, int] = {}
     ratio_col: list[float] = []
     for row in rows:
@@ -223,12 +255,16 @@ def advantage_inputs(rows: Sequence[Any], ratios: Mapping[RatioKey, float], *, l
         group_index=torch.tensor([groups[row.prompt_id] for row in rows], dtype=torch.long),
         source_ratio=torch.tensor(ratio_col, dtype=torch.float64),
         is_own=torch.tensor([row.source_agent == learner for row in rows], dtype=torch.bool),
+        no_own_baseline=no_own_baseline,
     )
 
 
 def row_advantages(rows: Sequence[Any], ratios: Mapping[RatioKey, float], cfg: AlgoConfig, *,
-                   learner: str) -> list[float]:
+                   learner: str, no_own_baseline: str = "raise") -> list[float]:
     """Advantages for learner ``learner`` of every row (grouped by ``prompt_id``), with the
-    estimator ``cfg.advantage_estimator`` selects. Same order as ``rows``; see :func:`advantage_inputs`."""
-    inputs = advantage_inputs(rows, ratios, learner=learner, share_rollouts=cfg.share_rollouts)
+    estimator ``cfg.advantage_estimator`` selects. Same order as ``rows``; see :func:`advantage_inputs`.
+    ``no_own_baseline`` (``raise`` | ``plain_mean``): groups without own rows, :func:`group_advantages`; the
+    learner passes ``plain_mean`` only for asynchronous train orders (docs/async.md)."""
+    inputs = advantage_inputs(rows, ratios, learner=learner, share_rollouts=cfg.share_rollouts,
+                              no_own_baseline=no_own_baseline)
     return ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator)(inputs, cfg).tolist()

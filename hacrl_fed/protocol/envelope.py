@@ -11,7 +11,7 @@ coordinator) opens it with :func:`open_envelope`, which checks in this order and
 4. only now parse the payload (protobuf, UTF-8 text)   → :class:`MalformedPayloadError`
 5. ``batch.agent_id == key_id`` (== expected agent)     → :class:`AgentKeyMismatchError`
 6. ``batch.run_id == run_id``                           → :class:`WrongRunError`
-7. ``batch.step == step``                               → :class:`StaleStepError`
+7. ``batch.step == step`` (or one of ``other_steps``)  → :class:`StaleStepError`
 
 Run id, step and agent id live inside the signed bytes, so a batch cannot be replayed into another
 run or step, nor passed off as another agent's. Verifying before parsing means no parser ever sees
@@ -23,7 +23,7 @@ the validator's job, not this module's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -149,14 +149,16 @@ def open_envelope(
     step: int,
     agent_id: str | None = None,
     max_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    other_steps: Collection[int] = (),
 ) -> RolloutBatch:
     """Verify, then parse and check a signed RolloutBatch (checks in the order of the module docstring).
 
     ``roster`` maps agent names to Ed25519 public keys (a :class:`~hacrl_fed.protocol.keys.Roster`
     or a plain dict). ``agent_id`` is the agent the caller expects this envelope from (None: any
-    roster agent). ``max_bytes`` caps the serialized RolloutBatch. Returns the parsed batch.
-    Raises the :class:`EnvelopeError` subclass of the first failed check; TypeError for a wrong
-    argument type.
+    roster agent). ``max_bytes`` caps the serialized RolloutBatch. ``other_steps``: further steps a
+    batch may answer besides ``step`` (an asynchronous train order's peer plans, docs/async.md; empty:
+    ``step`` only). Returns the parsed batch. Raises the :class:`EnvelopeError` subclass of the first
+    failed check; TypeError for a wrong argument type.
     """
     env = _as_envelope(envelope, max_bytes)
     key_id, payload = env.key_id, env.payload
@@ -181,7 +183,14 @@ def open_envelope(
         raise AgentKeyMismatchError(f"{who}: expected a batch from {_show(agent_id)}", key_id=key_id)
     if batch.run_id != run_id:
         raise WrongRunError(f"{who}: batch is for run {_show(batch.run_id)}, expected {_show(run_id)}", key_id=key_id)
-    if batch.step != step:
+    if batch.step != step and batch.step not in other_steps:
         kind = "stale" if batch.step < step else "from a future step"
-        raise StaleStepError(f"{who}: batch is for step {batch.step}, expected step {step} ({kind})", key_id=key_id)
+        expected = f"step {step}" + (f" or a peer plan's step ({_steps(other_steps)})" if other_steps else "")
+        raise StaleStepError(f"{who}: batch is for step {batch.step}, expected {expected} ({kind})", key_id=key_id)
     return batch
+
+
+def _steps(steps: Collection[int], limit: int = 8) -> str:
+    """Sorted steps for an error message, at most ``limit`` shown."""
+    shown = sorted(steps)
+    return ", ".join(map(str, shown[:limit])) + (f" … {len(shown) - limit} more" if len(shown) > limit else "")

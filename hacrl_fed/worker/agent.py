@@ -22,6 +22,7 @@ from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import prompt_record, render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
+from hacrl_fed.protocol.plans import PlanError, check_peer_plans
 from hacrl_fed.reward import Verifier
 from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
@@ -142,6 +143,20 @@ def _check_prompts(prompts) -> None:
         if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
             raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
                                       f"{MAX_ID_CHARS} characters")
+
+
+def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
+    """An asynchronous train order's peer plans (docs/async.md, :func:`~hacrl_fed.protocol.plans.check_peer_plans`
+    with a Generate request's bounds), and each plan's prompts as a Generate request's. Raises InvalidRequestError."""
+    try:
+        check_peer_plans(plan, peer_plans, max_samples_per_prompt=MAX_SAMPLES_PER_PROMPT, max_new_tokens=MAX_NEW_TOKENS)
+        for i, p in enumerate(peer_plans):
+            try:
+                _check_prompts(p.prompts)
+            except InvalidRequestError as err:
+                raise PlanError(f"peer plan {i} (step {p.step}): {err}") from None
+    except PlanError as err:
+        raise InvalidRequestError(str(err)) from None
 
 
 def _check_release(cfg: AgentConfig, roster: Mapping[str, Any]) -> None:
@@ -278,13 +293,16 @@ class AgentWorker:
 
     def _update_digest(self, req: wpb.TrainRequest) -> bytes:
         """SHA-256 of everything a train request's update reads: run, step, every envelope (key id, payload,
-        signature) in order, the capability table and the algorithm and optimizer settings (not the deadline,
-        the notice or the checkpoint interval)."""
+        signature) in order, the capability table, the peer plans when there are any (asynchronous orders) and
+        the algorithm and optimizer settings (not the deadline, the notice or the checkpoint interval)."""
         h = hashlib.sha256(f"{req.run_id}\0{req.step}\0".encode())
         for env in req.envelopes:
             for part in (env.key_id.encode(), env.payload, env.signature):
                 h.update(len(part).to_bytes(8, "big") + part)
         h.update(req.capabilities.SerializeToString(deterministic=True))
+        for p in req.peer_plans:                   # none in synchronous runs: their digest is unchanged
+            part = p.SerializeToString(deterministic=True)
+            h.update(b"peer-plan" + len(part).to_bytes(8, "big") + part)
         h.update(self.cfg.algo.model_dump_json().encode() + self.cfg.optim.model_dump_json().encode())
         return h.digest()
 
@@ -296,6 +314,16 @@ class AgentWorker:
             raise PreconditionError(f"this worker is in run {bound!r}, the request is for run {run_id!r}")
         if for_generate and bound and step <= self.trainer.step:
             raise PreconditionError(f"step {step} is already trained (last completed step {self.trainer.step})")
+
+    def _render_peer_prompts(self, plan: pb.RoundPlan, peer_plans) -> dict[str, tuple[int, ...]]:
+        """The learner's rendering of every peer plan prompt id the own ``plan`` lacks (the first text of an id)."""
+        mine = {p.prompt_id for p in plan.prompts}
+        todo: dict[str, pb.PromptItem] = {}
+        for pp in peer_plans:
+            for q in pp.prompts:
+                if q.prompt_id not in mine:
+                    todo.setdefault(q.prompt_id, q)
+        return self._render(list(todo.values()))
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
         m = self.cfg.model
@@ -415,6 +443,9 @@ class AgentWorker:
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
         """Verify the pooled envelopes and run the HACPO update of ``req.step``.
 
+        An asynchronous order's ``peer_plans`` (docs/async.md) are checked (:func:`_check_peer_plans`) and their
+        prompts rendered for the learner: pooled peer batches may answer them (:meth:`Trainer.train_step`).
+
         Refuses (PreconditionError, weights unchanged) an order whose ``deadline_unix_s`` has passed when it
         would start, e.g. after a stall: the coordinator has already recorded that step as failed here.
         """
@@ -431,12 +462,16 @@ class AgentWorker:
                 raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
+            peer_plans = list(req.peer_plans)
+            _check_peer_plans(plan, peer_plans)
+            peer_prompt_ids = self._render_peer_prompts(plan, peer_plans) if peer_plans else None
             parent = self.fingerprint
             self._fingerprint = None               # undefined while the weights change: Health waits for the lock
             self.engine.prepare_update()
             try:
                 with self.status.phase("training", step=req.step):
-                    report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities)
+                    report = self.trainer.train_step(plan, list(req.envelopes), req.capabilities,
+                                                     peer_plans=peer_plans, peer_prompt_ids=peer_prompt_ids)
             except (PreconditionError, InvalidRequestError):
                 self._fingerprint = parent         # refused before any weight changed
                 raise

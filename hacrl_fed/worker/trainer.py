@@ -13,6 +13,9 @@
         rows inside it) → TrainReport
 
 Isolated recipes (``algo.share_rollouts = False``: GSPO, GRPO, GSPO×2) train on own rows only.
+
+Asynchronous orders (docs/async.md) add ``peer_plans``: pooled peer batches may answer them; every phase reads the
+merged prompt catalogue (:mod:`hacrl_fed.protocol.plans`); groups without own rows take the ``plain_mean`` baseline.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from hacrl_fed.algo.update import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
-from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
+from hacrl_fed.protocol.plans import Catalogue, async_metrics, catalogue, check_peer_plans, pool_problem
 from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
@@ -45,6 +48,7 @@ __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "rew
 
 MAX_ENVELOPES = 256
 """Envelopes of one train request that are opened; the rest are refused unopened."""
+RowKey = tuple[str, str, int]   # (source agent, prompt id, sample index): one rollout of the step's pool
 
 
 def _listed_once(table: pb.CapabilityTable) -> list[pb.AgentCapability]:
@@ -75,6 +79,11 @@ class StepRollouts:
     ``validation.max_response_chars`` of it in text (None: no length bound)."""
     prompts: dict[str, pb.PromptItem] = field(default_factory=dict)
     """The plan's prompts by id (problem text, reference answer, style: the columns of the reward functions)."""
+
+
+def _step_note(step: int, own_step: int) -> str:
+    """`` (step N)`` after an agent name in a rejection line when its batch answers a peer plan, else ""."""
+    return "" if step == own_step else f" (step {step})"
 
 
 def reward_terms(cfg) -> WeightedRewards | None:
@@ -147,35 +156,48 @@ class Trainer:
         self.pending = rollouts
 
     def train_step(self, plan: pb.RoundPlan, envelopes: Sequence[pb.SignedEnvelope],
-                   capability_table: pb.CapabilityTable) -> pb.TrainReport:
+                   capability_table: pb.CapabilityTable, peer_plans: Sequence[pb.RoundPlan] = (),
+                   peer_prompt_ids: Mapping[str, Sequence[int]] | None = None) -> pb.TrainReport:
         """Verify, build rows, compute advantages and update the model for ``plan``'s step.
 
+        ``peer_plans`` (asynchronous orders, docs/async.md): the plans of pooled peer batches of other steps;
+        ``peer_prompt_ids``: the learner's rendering of every peer plan prompt id the own plan lacks.
+
         Raises :class:`PreconditionError` when this worker holds no rollouts for (run id, step) or
-        the capability table is for another run/step. Everything else costs at most the batch it
+        the capability table is for another run/step; ``PlanError`` for a malformed peer plan
+        (:func:`~hacrl_fed.protocol.plans.check_peer_plans`). Everything else costs at most the batch it
         concerns, which is reported in ``TrainReport.rejected`` and left out of training: a peer
-        envelope that does not open or fails the content checks, a peer without a usable capability
-        (missing, duplicated or not a finite positive number), a peer batch with an invalid reward
-        correction (an invalid correction of the learner's own rollouts is ignored).
+        envelope that does not open (or answers no plan of the order) or fails the content checks against
+        its plan, a second batch of one (agent, step), a batch repeating a rollout (prompt id, sample index)
+        already pooled from its agent, a batch of a peer plan refused for an inconsistent prompt
+        (:func:`~hacrl_fed.protocol.plans.pool_problem`), a peer without a usable capability (missing, duplicated
+        or not a finite positive number), a peer batch with an invalid reward correction (an invalid correction of the
+        learner's own rollouts is ignored).
         """
         t0 = time.perf_counter()
+        check_peer_plans(plan, peer_plans)
         own = self._own_rollouts(plan, capability_table)
-        batches, rejected = self._open_batches(envelopes, own)
+        cat = catalogue(own, peer_plans, peer_prompt_ids)
+        batches, rejected = self._open_batches(envelopes, own, cat)
         t_verify = time.perf_counter()
-        rewards = self._rewards(batches, capability_table, rejected)
-        foreign = ({a: list(b.rollouts) for a, b in batches.items() if a != self.agent}
+        rewards = self._rewards(batches, capability_table, rejected, own.step)
+        foreign = ({a: [r for b in sorted(bs, key=lambda b: b.step) for r in b.rollouts]
+                    for a, bs in batches.items() if a != self.agent}
                    if self.algo.share_rollouts else {})
+        origin = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() for b in bs for r in b.rollouts}
         ratios = self._ratios(capability_table, sorted(foreign), rejected)
         foreign = {a: rollouts for a, rollouts in foreign.items() if a in ratios}
         if self.algo.capability_scope == "task" and not capability_table.warmup:
-            ratios = self._task_ratios(capability_table, ratios, own)
+            ratios = self._task_ratios(capability_table, ratios, cat)
         guard = self.guard if self.guard is not None and self.guard.active and foreign else None
         screened_sources = sorted(foreign)
         if guard is not None:
-            foreign = self._screen(guard, own, foreign, rewards)
-        rewards, reward_means = self._training_rewards(own, foreign, rewards)
-        rows, dropped, cut = self._rows(own, foreign, rewards)
+            foreign = self._screen(guard, own, cat, foreign, rewards)
+        rewards, reward_means = self._training_rewards(own, cat, foreign, rewards)
+        rows, dropped, cut = self._rows(own, cat, foreign, rewards)
         t_rows = time.perf_counter()
-        advantages = row_advantages(rows, ratios, self.algo, learner=self.agent)
+        advantages = row_advantages(rows, ratios, self.algo, learner=self.agent,
+                                    no_own_baseline="plain_mean" if peer_plans else "raise")
         t_adv = time.perf_counter()
         metrics = self._update(rows, advantages, ratios, own.temperature, own.step,
                                row_gate=guard.gate if guard is not None else None)
@@ -191,10 +213,12 @@ class Trainer:
         timings = {"time/verify_s": t_verify - t0, "time/rows_s": t_rows - t_verify,
                    "time/advantages_s": t_adv - t_rows, "time/update_s": t_update - t_adv,
                    "time/total_s": time.perf_counter() - t0}
-        ignored = 0 if self.algo.share_rollouts else len(batches) - 1
+        ignored = 0 if self.algo.share_rollouts else sum(len(bs) for bs in batches.values()) - 1
         counts = {"ignored_batches": float(ignored), "dropped_empty_rows": float(dropped),
                   "dropped_truncated_rows": float(sum(cut.values()))}
         counts |= {f"src/{src}/dropped_truncated": float(n) for src, n in cut.items()}
+        if peer_plans:
+            counts |= async_metrics(rows, origin, own.step)
         return self._report(own, rows, ratios, metrics | timings | counts | reward_means, rejected)
 
     # ------------------------------------------------------------------ phases
@@ -210,11 +234,15 @@ class Trainer:
                                     f"the plan for run {plan.run_id!r} step {plan.step}")
         return own
 
-    def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope],
-                      own: StepRollouts) -> tuple[dict[str, pb.RolloutBatch], list[str]]:
-        """Open every envelope against the roster; bad, duplicate or inconsistent ones are rejected."""
-        batches: dict[str, pb.RolloutBatch] = {self.agent: own.batch}
+    def _open_batches(self, envelopes: Sequence[pb.SignedEnvelope], own: StepRollouts,
+                      cat: Catalogue | None = None) -> tuple[dict[str, list[pb.RolloutBatch]], list[str]]:
+        """Open every envelope against the roster and check it against the plan it answers (``cat``; None: the own
+        plan only); bad, duplicate or inconsistent ones are rejected. Returns agent → its accepted batches."""
+        cat = cat if cat is not None else catalogue(own)
+        batches: dict[str, list[pb.RolloutBatch]] = {self.agent: [own.batch]}
+        pooled: dict[str, set[tuple[str, int]]] = {}   # agent → (prompt id, sample index) of its pooled batches
         rejected: list[str] = []
+        other_steps = frozenset(cat.plans) - {own.step}
         for n, env in enumerate(envelopes):
             if n >= MAX_ENVELOPES:
                 rejected.append(f"{len(envelopes) - n} more envelope(s) ignored: at most {MAX_ENVELOPES} per step")
@@ -227,57 +255,64 @@ class Trainer:
                 continue
             try:
                 batch = open_envelope(env, self.roster, run_id=own.run_id, step=own.step,
-                                      max_bytes=self.max_batch_bytes)
+                                      max_bytes=self.max_batch_bytes, other_steps=other_steps)
             except EnvelopeError as err:
                 rejected.append(f"{who}: {type(err).__name__}: {err}")
                 continue
-            if batch.agent_id in batches:
-                rejected.append(f"{who}: duplicate batch for this step")
+            problem = pool_problem(batch, cat, {b.step for b in batches.get(batch.agent_id, ())},
+                                   pooled.get(batch.agent_id, set()))
+            if problem:
+                rejected.append(f"{who}{_step_note(batch.step, own.step)}: {problem}")
                 continue
-            try:
-                check_rollouts(batch, own.prompt_ids, own.samples_per_prompt, max_new_tokens=own.max_new_tokens)
-            except BatchRejected as err:
-                rejected.append(f"{who}: {err.reason.value}: {err}")
-                continue
-            batches[batch.agent_id] = batch
+            batches.setdefault(batch.agent_id, []).append(batch)
+            pooled.setdefault(batch.agent_id, set()).update((r.prompt_id, r.sample_index) for r in batch.rollouts)
         return batches, rejected
 
-    def _rewards(self, batches: dict[str, pb.RolloutBatch], table: pb.CapabilityTable,
-                 rejected: list[str]) -> dict[tuple[str, str, int], float]:
+    def _rewards(self, batches: dict[str, list[pb.RolloutBatch]], table: pb.CapabilityTable,
+                 rejected: list[str], own_step: int) -> dict[RowKey, float]:
         """Reward per (agent, prompt id, sample index): the batch's, overridden by the coordinator's corrections.
 
-        A correction whose reward is not a finite number in [0, 1] drops that peer's batch from ``batches``
-        (its true rewards are unknown; reported in ``rejected``); for the learner's own rollouts it is ignored.
+        A correction whose reward is not a finite number in [0, 1] drops the peer batch holding that rollout
+        from ``batches`` (its true rewards are unknown; reported in ``rejected``); for the learner's own
+        rollouts it is ignored. Keys are unique across an agent's batches (:meth:`_open_batches`).
         """
-        rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, b in batches.items() for r in b.rollouts}
-        bad: set[str] = set()
+        step_of = {(a, r.prompt_id, r.sample_index): b.step for a, bs in batches.items() for b in bs
+                   for r in b.rollouts}
+        rewards = {(a, r.prompt_id, r.sample_index): float(r.reward) for a, bs in batches.items() for b in bs
+                   for r in b.rollouts}
+        bad: set[tuple[str, int]] = set()
         for c in table.corrections:
             key = (c.agent_id, c.prompt_id, c.sample_index)
             if key not in rewards:
                 continue
             if not (math.isfinite(c.reward) and 0.0 <= c.reward <= 1.0):
-                if c.agent_id not in bad:
-                    rejected.append(f"{c.agent_id}: coordinator correction of {c.prompt_id}#{c.sample_index} has "
-                                    f"reward {c.reward!r} outside [0, 1]"
+                where = (c.agent_id, step_of[key])
+                if where not in bad:
+                    rejected.append(f"{c.agent_id}{_step_note(where[1], own_step)}: coordinator correction of "
+                                    f"{c.prompt_id}#{c.sample_index} has reward {c.reward!r} outside [0, 1]"
                                     + ("; correction ignored" if c.agent_id == self.agent else "; batch left out"))
-                bad.add(c.agent_id)
+                bad.add(where)
                 continue
             rewards[key] = float(c.reward)
-        for agent in bad - {self.agent}:
-            del batches[agent]
+        for agent, step in bad:
+            if agent != self.agent:
+                batches[agent] = [b for b in batches[agent] if b.step != step]
+                if not batches[agent]:
+                    del batches[agent]
         return rewards
 
-    def _screen(self, guard: SiteGuard, own: StepRollouts, foreign: dict[str, list],
-                rewards: dict[tuple[str, str, int], float]) -> dict[str, list]:
-        """The site's own verdict on every foreign row (into ``rewards``), then the text screens."""
+    def _screen(self, guard: SiteGuard, own: StepRollouts, cat: Catalogue, foreign: dict[str, list],
+                rewards: dict[RowKey, float]) -> dict[str, list]:
+        """The site's own verdict on every foreign row (into ``rewards``), then the text screens: problems from the
+        merged catalogue, own texts (length references, own phrases) from the own plan's rollouts."""
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
-        guard.reverify(foreign, own.prompts, rewards)
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in own.prompts.items()}, rewards,
-                                 {pid: p.text for pid, p in own.prompts.items()})
+        guard.reverify(foreign, cat.prompts, rewards)
+        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in cat.prompts.items()}, rewards,
+                                 {pid: p.text for pid, p in cat.prompts.items()})
 
-    def _training_rewards(self, own: StepRollouts, foreign: Mapping[str, list],
-                          rewards: dict[tuple[str, str, int], float]) -> tuple[dict, dict[str, float]]:
+    def _training_rewards(self, own: StepRollouts, cat: Catalogue, foreign: Mapping[str, list],
+                          rewards: dict[RowKey, float]) -> tuple[dict, dict[str, float]]:
         """The weighted training reward of every row to train, own and foreign, computed by this learner from
         the text it holds (:mod:`hacrl_fed.reward.functions`: only the verified accuracy crosses the wire);
         the ``accuracy`` term is the coordinator-corrected reward. Also ``reward/<function>_mean``. Without
@@ -291,16 +326,17 @@ class Trainer:
             keys += [(agent, r.prompt_id, r.sample_index) for r in rollouts]
             texts += [r.response_text for r in rollouts]
             finish += ["stop" if r.finish_reason == pb.STOP else "length" for r in rollouts]
-        items = [own.prompts[pid] for _, pid, _ in keys]
+        items = [cat.prompts[pid] for _, pid, _ in keys]
         totals, means = self.rewards([p.text for p in items], texts, [rewards[k] for k in keys],
                                      answer=[p.reference_answer for p in items],
                                      answer_style=[p.answer_style or "boxed" for p in items],
                                      source_agent=[a for a, _, _ in keys], finish_reason=finish)
         return rewards | dict(zip(keys, totals, strict=True)), {f"reward/{n}_mean": v for n, v in means.items()}
 
-    def _rows(self, own: StepRollouts, foreign: Mapping[str, list],
+    def _rows(self, own: StepRollouts, cat: Catalogue, foreign: Mapping[str, list],
               rewards: Mapping) -> tuple[list[TrainingRow], int, dict[str, int]]:
-        """Own rows (generated ids) + foreign rows (re-tokenized). Rows left without a response token are
+        """Own rows (generated ids) + foreign rows (re-tokenized against the catalogue's learner renderings).
+        Rows left without a response token are
         dropped and counted; so are foreign rows cut by ``max_response_tokens`` in the learner's tokens
         (their source sum covers text the learner view lacks: no consistent ratio), per source."""
         own_rows = [
@@ -310,7 +346,7 @@ class Trainer:
                     max_response_tokens=self.max_response_tokens, behaviour_token_logprobs=s.token_logprobs)
             for (pid, idx), s in own.samples.items()
         ]
-        rows = build_rows(self.tokenizer, own.prompt_ids, own_rows, foreign, self.max_response_tokens,
+        rows = build_rows(self.tokenizer, cat.prompt_ids, own_rows, foreign, self.max_response_tokens,
                           rewards=rewards, separator=self.response_separator)
         kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
         cut: dict[str, int] = {src: 0 for src in foreign}
@@ -346,13 +382,13 @@ class Trainer:
         return out
 
     def _task_ratios(self, table: pb.CapabilityTable, ratios: dict[str, float],
-                     own: StepRollouts) -> dict[RatioKey, float]:
+                     cat: Catalogue) -> dict[RatioKey, float]:
         """``ratios`` plus r_{j→k}(t) per (source, prompt id) from the table's per-task capabilities
         (``algo.capability_scope = "task"``, :func:`hacrl_fed.algo.capability.task_ratios`). Entries that are not a
         finite positive number, and agents listed twice, are ignored (those rows keep the global ratio)."""
         caps = {a.agent_id: {t: v for t, v in a.task_capability.items() if math.isfinite(v) and v > 0}
                 for a in _listed_once(table)}
-        tasks = {pid: p.task for pid, p in own.prompts.items() if p.task}
+        tasks = {pid: p.task for pid, p in cat.prompts.items() if p.task}
         return task_ratios(ratios, caps, self.agent, tasks, ratio_clip=self.algo.ratio_clip)
 
     def _update(self, rows: list[TrainingRow], advantages: list[float], ratios: dict[RatioKey, float],

@@ -224,6 +224,23 @@ def test_notices_deadlines_and_the_checkpoint_interval_reach_the_worker(worker, 
     assert not w.requests[-1].HasField("checkpoint_every")
 
 
+def test_peer_plans_of_an_async_train_order_reach_the_worker(worker, plan):
+    """The ClientApp turns the order's ``peer-round-plans`` into ``TrainRequest.peer_plans``, in order."""
+    w, address = worker
+    own, peers = plan(step=3), [plan(step=1), plan(step=2)]
+    order = records.train_order(own.SerializeToString(), b"", {},
+                                peer_plans=[p.SerializeToString() for p in peers])
+    assert not client_app.train(message(order, records.MSG_TRAIN), context(address)).has_error()
+    train = w.requests[-1]
+    assert train.step == 3 and list(train.peer_plans) == peers
+    client_app.train(message(records.train_order(own.SerializeToString(), b"", {}), records.MSG_TRAIN),
+                     context(address))
+    assert not w.requests[-1].peer_plans                    # a synchronous order carries none
+    bad = records.train_order(own.SerializeToString(), b"", {}, peer_plans=[b"\xff not a plan"])
+    reply = client_app.train(message(bad, records.MSG_TRAIN), context(address))
+    assert reply.has_error() and "peer-round-plans[0]" in reply.error.reason
+
+
 def test_a_non_string_notice_is_a_bad_order(worker, plan):
     _, address = worker
     content = records.generate_order(plan().SerializeToString())

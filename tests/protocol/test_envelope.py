@@ -151,6 +151,18 @@ def test_wrong_or_stale_step(site, step, word):
         open_(env, roster)
 
 
+def test_other_steps_accept_a_peer_plans_batch_and_nothing_else(site):
+    """Asynchronous train orders (docs/async.md): a batch may answer ``step`` or one of ``other_steps``."""
+    roster, keys = site
+    for step in (STEP - 2, STEP, STEP + 1):
+        batch = open_(sign_batch(make_batch(step=step), keys["alice"]), roster, other_steps={STEP - 2, STEP + 1})
+        assert batch.step == step
+    with pytest.raises(StaleStepError, match=r"step 1, expected step 4 or a peer plan's step \(2, 5\) \(stale\)"):
+        open_(sign_batch(make_batch(step=1), keys["alice"]), roster, other_steps={5, 2})
+    with pytest.raises(StaleStepError, match=r"expected step 4 \(stale\)"):   # no other steps: as before
+        open_(sign_batch(make_batch(step=2), keys["alice"]), roster)
+
+
 def test_payload_agent_differs_from_key_id(site):
     roster, keys = site
     payload = make_batch("bob").SerializeToString()  # alice signs a batch claiming to be bob's
