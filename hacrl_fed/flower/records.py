@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from hacrl_fed.protocol.plans import MAX_PEER_PLANS
 from hacrl_fed.protocol.site_reply import SiteReply
 
 __all__ = [
@@ -127,8 +128,6 @@ MAX_METRICS = 256
 """Metric entries kept from one reply record (a hostile site must not bloat the coordinator's log)."""
 MAX_TEXT = 1000
 """Characters kept of a reply's free-text fields."""
-MAX_PEER_PLANS = 64
-"""Plans of peer batches one asynchronous train order may carry (a site reads no more)."""
 
 
 def _read_metrics(content: RecordDict, name: str) -> dict[str, float]:

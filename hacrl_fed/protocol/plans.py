@@ -20,7 +20,7 @@ __all__ = ["MAX_PEER_PLANS", "Catalogue", "PlanError", "PlanRows", "async_metric
            "pool_problem"]
 
 MAX_PEER_PLANS = 64
-"""Peer plans one train order may carry (as ``hacrl_fed.flower.records.MAX_PEER_PLANS``)."""
+"""Peer plans one train order may carry (the ClientApp reads no more, :mod:`hacrl_fed.flower.records`)."""
 
 
 class PlanError(ValueError):
