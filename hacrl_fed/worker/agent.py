@@ -317,12 +317,8 @@ class AgentWorker:
 
     def _render_peer_prompts(self, plan: pb.RoundPlan, peer_plans) -> dict[str, tuple[int, ...]]:
         """The learner's rendering of every peer plan prompt id the own ``plan`` lacks (the first text of an id)."""
-        mine = {p.prompt_id for p in plan.prompts}
-        todo: dict[str, pb.PromptItem] = {}
-        for pp in peer_plans:
-            for q in pp.prompts:
-                if q.prompt_id not in mine:
-                    todo.setdefault(q.prompt_id, q)
+        mine = {p.prompt_id for p in plan.prompts}   # reversed: the first text of an id is the one kept
+        todo = {q.prompt_id: q for pp in reversed(peer_plans) for q in reversed(pp.prompts) if q.prompt_id not in mine}
         return self._render(list(todo.values()))
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:

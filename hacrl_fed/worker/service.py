@@ -116,23 +116,17 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
     """``AgentWorker`` gRPC service over an :class:`~hacrl_fed.worker.agent.AgentWorker`."""
 
     def __init__(self, worker, *, slowdown: float = 1.0) -> None:
-        self.worker = worker
-        self.slowdown = float(slowdown)
-        """``agent.slowdown``: Generate and Train answer after ``slowdown`` times their own time (1: at once)."""
+        self.worker, self.slowdown = worker, max(1.0, float(slowdown))   # agent.slowdown (docs/async.md)
 
-    def _slowed(self, context: grpc.ServicerContext, fn, *args: Any):
-        """:meth:`_call`, then a wait of (slowdown − 1) × its time (the benchmark's slow site, docs/async.md)."""
-        t0 = time.monotonic()
-        out = self._call(context, fn, *args)
-        if self.slowdown > 1.0:
-            time.sleep((self.slowdown - 1.0) * (time.monotonic() - t0))
-        return out
-
-    def _call(self, context: grpc.ServicerContext, fn, *args: Any):
+    def _call(self, context: grpc.ServicerContext, fn, *args: Any, slowed: bool = False):
         """Run one operation; a refusal or failure is logged as one line (the site's terminal shows it; the
-        traceback of an unexpected failure goes to the log file only) and returned as a status."""
+        traceback of an unexpected failure goes to the log file only) and returned as a status. ``slowed``: the
+        answer waits (slowdown − 1) × the operation's time (the benchmark knob ``agent.slowdown``)."""
+        t0 = time.monotonic()
         try:
-            return fn(*args)
+            out = fn(*args)
+            time.sleep((self.slowdown - 1.0) * (time.monotonic() - t0) if slowed else 0.0)
+            return out
         except InvalidRequestError as err:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
         except PreconditionError as err:
@@ -147,10 +141,10 @@ class AgentWorkerServicer(wgrpc.AgentWorkerServicer):
         context.abort(code, message)
 
     def Generate(self, request, context):
-        return self._slowed(context, self.worker.generate, request.plan, request.notice)
+        return self._call(context, self.worker.generate, request.plan, request.notice, slowed=True)
 
     def Train(self, request, context):
-        return self._slowed(context, self.worker.train, request)
+        return self._call(context, self.worker.train, request, slowed=True)
 
     def Evaluate(self, request, context):
         return self._call(context, self.worker.evaluate, request)
@@ -254,8 +248,7 @@ def run_worker(cfg, *, address: str | None = None, address_file: str | None = No
     try:
         server, bound = serve(worker, addr, token=token, slowdown=agent.slowdown)
         if agent.slowdown > 1.0:
-            log.warning("benchmark knob agent.slowdown = %g: every Generate and Train of %s takes %g times its time",
-                        agent.slowdown, agent.name, agent.slowdown)
+            log.warning("agent.slowdown = %g: Generate and Train answer after %g× their time", *[agent.slowdown] * 2)
         _, stub = connect(bound, token)
         wait_healthy(stub)
         if address_file:
