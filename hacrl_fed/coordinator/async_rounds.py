@@ -206,8 +206,8 @@ def _next_order(ctx: _Run, site: _Site) -> tuple[Order, float]:
         corrections += [pb.RewardCorrection.FromString(c) for c in b.corrections]
     table = capability_table(ctx.tracker, plan, accuracy, corrections).SerializeToString(deterministic=True)
     envelopes = {f"{learner}@{plan.step}": item.envelope} | {b.key: b.envelope for b in site.delivery.batches}
-    peer_plans = sorted({b.plan for b in site.delivery.batches if b.step != plan.step},
-                        key=lambda p: pb.RoundPlan.FromString(p).step)
+    by_step = {b.step: b.plan for b in site.delivery.batches if b.step != plan.step}
+    peer_plans = [by_step[step] for step in sorted(by_step)]
     last = run.async_steps == "each" and ctx.updates.get(learner, 0) + 1 >= run.steps
     next_b = b"" if last else _plan_for(ctx, site, run.train_timeout_s + run.generate_timeout_s)
     own_updates = ctx.updates.get(learner, 0) + 1
@@ -284,7 +284,11 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
     ctx.accuracy[item.agent] = verification.accuracy
     ctx.state.capability = ctx.tracker.state_dict()
     now = ctx.setup.clock()
-    ctx.pool.add(PooledBatch(item.agent, plan.step, int(item.batch.model_version), now, item.envelope, plan_b,
+    canonical = pb.RoundPlan()
+    canonical.CopyFrom(plan)
+    canonical.deadline_unix_s = 0.0   # each order's copy has its own deadline: one plan, one copy in peer_plans
+    ctx.pool.add(PooledBatch(item.agent, plan.step, int(item.batch.model_version), now, item.envelope,
+                             canonical.SerializeToString(deterministic=True),
                              len(item.batch.rollouts),
                              tuple(c.SerializeToString() for c in verification.corrections)))
     site.held = (item, verification, plan_b, entry)
@@ -386,7 +390,9 @@ def _batch_record(ctx: _Run, plan: pb.RoundPlan, entry: AgentStep, item: Accepte
             "rows": entry.rows_accepted, "accuracy": v.accuracy if v else None,
             "task_accuracy": dict(v.task_accuracy) if v else {},
             "capability": ctx.tracker.capability(entry.agent) if entry.agent in ctx.tracker.agents else None,
-            "reward_disagreements": v.disagreements if v else 0}
+            "reward_disagreements": v.disagreements if v else 0,
+            "rolled_back_steps": entry.reconciled.get("rolled_back", []),
+            "late_trained_steps": entry.reconciled.get("trained_late", [])}
 
 
 def _update_record(ctx: _Run, site: _Site, plan: pb.RoundPlan, entry: AgentStep, delivery: Delivery,

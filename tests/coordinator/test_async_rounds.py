@@ -219,3 +219,20 @@ def test_a_site_that_drops_out_does_not_stall_the_others(tmp_path, federation):
     setup = make_setup(tmp_path, federation, steps=4)
     state = run_async(setup, InProcessTransport(sites))
     assert {a: len(v) for a, v in state.trained_steps.items()} == {"alice": 4, "bob": 4, "carol": 2}
+
+
+def test_a_site_restarted_from_an_older_checkpoint_is_reconciled_and_catches_up(tmp_path, federation):
+    class Restarting(FakeSite):
+        def generate(self, plan):
+            if len(self.trained) == 2 and not getattr(self, "restarted", False):
+                self.restarted = True
+                self.weights_step = self.trained[0][0]     # back to the checkpoint of its first update
+            return super().generate(plan)
+
+    sites = fleet(federation, slow=0.0)
+    sites[2] = Restarting("carol", federation.keys["carol"])
+    setup = make_setup(tmp_path, federation, steps=4)
+    state = run_async(setup, InProcessTransport(sites))
+    lost = [b for b in read(setup, "batch") if b["agent"] == "carol" and b["rolled_back_steps"]]
+    assert len(lost) == 1 and lost[0]["rolled_back_steps"] == [sites[2].trained[1][0]]
+    assert len(state.trained_steps["carol"]) == 4 and len(sites[2].trained) == 5   # one update made again

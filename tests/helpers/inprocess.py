@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from hacrl_fed.coordinator.rounds import Node, Reply
 from hacrl_fed.flower import records
 from hacrl_fed.flower.server_app import _content
+from hacrl_fed.protocol.plans import check_peer_plans
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -54,7 +55,9 @@ class FakeSite:
         time.sleep(self.delay_s)
         plan = pb.RoundPlan.FromString(order.plan)
         self.trained.append((plan.step, sorted(order.envelopes), order.table))
-        self.peer_plans.append([pb.RoundPlan.FromString(p).step for p in order.peer_plans])
+        peers = [pb.RoundPlan.FromString(p) for p in order.peer_plans]
+        check_peer_plans(plan, peers)      # as a real worker does (distinct steps, one run, …): PlanError otherwise
+        self.peer_plans.append([p.step for p in peers])
         self.weights_step = plan.step
         self.checkpoints += order.checkpoint and not self.checkpoint_error
         report = pb.TrainReport(run_id=plan.run_id, step=plan.step, agent_id=self.name, metrics={"loss": 0.5})
