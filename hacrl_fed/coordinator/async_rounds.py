@@ -38,10 +38,9 @@ from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.coordinator.async_pool import AsyncPool, Delivery, PooledBatch
 from hacrl_fed.coordinator.phases import AgentVerification, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup, Transport, _commit, _eligible,
-                                          _exchange, _maybe_evaluate, _flush_eval, _run_end, _wait_for_agents,
-                                          resume_settings, rollout_only)
-from hacrl_fed.coordinator.state import (MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, load_state, restore_error,
-                                         run_digest, save_state)
+                                          _exchange, _flush_eval, _maybe_evaluate, _run_end, _wait_for_agents,
+                                          restore, resume_settings, rollout_only)
+from hacrl_fed.coordinator.state import MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, save_state
 from hacrl_fed.coordinator.step_record import AgentStep, collect_batches, reconcile, train_outcome
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.protocol.validation import AcceptedBatch
@@ -115,18 +114,8 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
     Raises StateError as :func:`~hacrl_fed.coordinator.rounds.run_coordinator`; agent failures never raise.
     """
     run = setup.run
-    digest = run_digest(resume_settings(run) | {"mode": "async"})
-    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, root=setup.run_dir)
-    resumed = state is not None
-    state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
-    tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
-    for part, owner in (("capability", tracker), ("sampler", setup.sampler)):
-        if getattr(state, part):
-            try:
-                owner.load_state_dict(getattr(state, part))
-            except (ValueError, TypeError, KeyError, AttributeError) as err:
-                raise restore_error(setup.state_path, part, err) from None
-    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, root=setup.run_dir)
+    # plans outnumber run.steps when sites skip to the newest: the saved step has no bound
+    state, resumed, tracker, metrics = restore(setup, resume_settings(run) | {"mode": "async"}, steps=None)
     ctx = _Run(setup, transport, state, metrics, tracker, AsyncPool(run.max_staleness, run.max_row_age_s))
     state.restarts += resumed
     _commit(setup, state, metrics, {"event": "resume" if resumed else "run_start", "run_id": run.run_id,
@@ -154,6 +143,8 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
     _final_eval(ctx)
     _commit(setup, state, metrics, _run_end(state, metrics) | {"mode": "async", "updates": ctx.updates,
                                                                  "pool_evicted": ctx.pool.evicted})
+    if metrics.mirror is not None:
+        metrics.mirror.close()
     log.info("asynchronous run %s finished: updates per agent %s", run.run_id, ctx.updates)
     return state
 

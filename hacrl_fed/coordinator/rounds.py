@@ -50,7 +50,7 @@ from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
 
-__all__ = ["Identities", "Node", "Order", "Reply", "Setup", "Transport", "resume_settings", "run_coordinator"]
+__all__ = ["Identities", "Node", "Order", "Reply", "Setup", "Transport", "restore", "resume_settings", "run_coordinator"]
 
 log = logging.getLogger("hacrl_fed.coordinator")
 
@@ -180,21 +180,8 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     run = setup.run
     if run.mode != "sync":
         raise ValueError(f"run.mode = {run.mode!r}: run it with hacrl_fed.coordinator.async_rounds.run_async")
-    digest = run_digest(resume_settings(run))
-    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, steps=run.steps,
-                       root=setup.run_dir)
-    resumed = state is not None
-    state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
-    tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
-    for part, owner in (("capability", tracker), ("sampler", setup.sampler)):
-        if getattr(state, part):
-            try:
-                owner.load_state_dict(getattr(state, part))
-            except (ValueError, TypeError, KeyError, AttributeError) as err:
-                raise restore_error(setup.state_path, part, err) from None
-    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, root=setup.run_dir)
-    board = TensorBoardLog(setup.run_dir / "tensorboard") if "tensorboard" in run.report_to else None
-    metrics.mirror = board
+    state, resumed, tracker, metrics = restore(setup, resume_settings(run), steps=run.steps)
+    board = metrics.mirror
     if state.pending is not None:
         log.warning("step %s was interrupted during its train phase: it counts as done, not as trained (each "
                     "site's next batch says whether it trained it)", state.pending.get("step"))
@@ -219,6 +206,30 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
         board.close()
     log.info("run %s finished: %d steps in %.1f s", run.run_id, state.step, state.elapsed_s)
     return state
+
+
+def restore(setup: Setup, settings: dict[str, Any], *,
+            steps: int | None) -> tuple[CoordinatorState, bool, CapabilityTracker, MetricsLog]:
+    """The run's saved state (a new one when there is none), whether it was resumed, the capability tracker and the
+    prompt sampler restored from it, and the metrics log (with its TensorBoard copy when ``run.report_to`` asks).
+
+    ``settings`` are hashed into the state (:func:`resume_settings`; a state of other settings is refused);
+    ``steps`` bounds the saved step (None: no bound). Raises StateError (one line naming the file)."""
+    run = setup.run
+    digest = run_digest(settings)
+    state = load_state(setup.state_path, run_id=run.run_id, config_digest=digest, steps=steps, root=setup.run_dir)
+    resumed = state is not None
+    state = state or CoordinatorState(run_id=run.run_id, config_digest=digest)
+    tracker = CapabilityTracker(run.capability_window, warmup_steps=run.capability_warmup_steps)
+    for part, owner in (("capability", tracker), ("sampler", setup.sampler)):
+        if getattr(state, part):
+            try:
+                owner.load_state_dict(getattr(state, part))
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise restore_error(setup.state_path, part, err) from None
+    metrics = MetricsLog(setup.metrics_path, offset=state.metrics_offset, root=setup.run_dir)
+    metrics.mirror = TensorBoardLog(setup.run_dir / "tensorboard") if "tensorboard" in run.report_to else None
+    return state, resumed, tracker, metrics
 
 
 def _commit(setup: Setup, state: CoordinatorState, metrics: MetricsLog, record: dict[str, Any]) -> None:
