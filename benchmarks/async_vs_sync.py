@@ -121,8 +121,8 @@ def summarize(cells: dict[str, dict], steps: int) -> tuple[str, dict]:
     sync, asyn = cells.get("sync"), cells.get("async")
     if sync is None or asyn is None:
         return "both cells are needed\n", {}
-    horizon = max(max(s["updates"], default=0.0) for s in sync["sites"].values())
-    rows, out = [], {"steps": steps, "sync_training_s": horizon, "sites": {}}
+    horizon = sync["run_s"]   # the sync run's end: its last update and the evaluation after it
+    rows, out = [], {"steps": steps, "sync_run_s": horizon, "async_run_s": asyn["run_s"], "sites": {}}
     fmt = lambda v: "–" if v is None else f"{100 * v:.1f} %"
     for name in sorted(set(sync["sites"]) | set(asyn["sites"])):
         entry = {}
@@ -130,7 +130,7 @@ def summarize(cells: dict[str, dict], steps: int) -> tuple[str, dict]:
             s = cell["sites"].get(name, {"updates": [], "evals": [], "staleness_rows": {}, "peer_rows": 0,
                                          "dropped_rows": 0})
             last = max(s["updates"], default=0.0)
-            acc_t, step_t = at_time(s["evals"], horizon + 1.0)
+            acc_t, step_t = at_time(s["evals"], horizon)
             entry[mode] = {"updates": len(s["updates"]), "updates_per_hour": 3600 * len(s["updates"]) / last if last
                            else None, "before": at_step(s["evals"], 0), "at_steps": at_step(s["evals"], steps),
                            "at_sync_time": acc_t, "own_step_at_sync_time": step_t,
@@ -146,9 +146,9 @@ def summarize(cells: dict[str, dict], steps: int) -> tuple[str, dict]:
                     f"| {fmt(asy['at_sync_time'])} (after {asy['own_step_at_sync_time']}) "
                     f"| {asy['staleness_rows'] or '–'} | {fmt(asy['dropped_share'])} |")
     md = [f"# Asynchronous vs synchronous rounds, one site 3× slower ({steps} steps)", "",
-          f"Sync training time: {horizon:.0f} s; async: until the slow site made {steps} updates "
-          f"({asyn['run_s']:.0f} s in the run, sync {sync['run_s']:.0f} s). Accuracy: greedy avg@1 on every held-out "
-          "problem.", "",
+          f"T = the sync run's time from its start to its last evaluation ({horizon:.0f} s); the async run lasted "
+          f"{asyn['run_s']:.0f} s (until the slow site made {steps} updates and the last evaluation). N = {steps} own "
+          "updates. Accuracy: greedy avg@1 on every held-out problem (trained tasks' items and task families).", "",
           "| site | updates/h sync | updates/h async | before | sync after N | async after N | sync at T | "
           "async at T (own updates) | async staleness (rows) | async dropped |",
           "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
