@@ -41,7 +41,8 @@ from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup,
                                           _exchange, _flush_eval, _maybe_evaluate, _run_end, _wait_for_agents,
                                           restore, resume_settings, rollout_only)
 from hacrl_fed.coordinator.state import MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, save_state
-from hacrl_fed.coordinator.step_record import AgentStep, collect_batches, reconcile, train_outcome
+from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, reconcile,
+                                               train_outcome)
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.protocol.validation import AcceptedBatch
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -76,6 +77,8 @@ class _Site:
     """What the site is told with its next order (why its last batch or update was not taken)."""
     misses: int = 0
     done: bool = False
+    eval_due: int = 0
+    """Set: a held-out evaluation after this many own updates is its next order."""
 
 
 @dataclass
@@ -93,6 +96,8 @@ class _Run:
     accuracy: dict[str, float] = field(default_factory=dict)
     """Agent → coordinator accuracy of its last accepted batch."""
     newest: pb.RoundPlan | None = None
+    eval_request: bytes = b""
+    """The serialized held-out EvaluateRequest ('' without held-out problems)."""
     evaluated: dict[str, int] = field(default_factory=dict)
     """Agent → its update count at its last held-out evaluation."""
     stopping: bool = False
@@ -116,7 +121,8 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
     run = setup.run
     # plans outnumber run.steps when sites skip to the newest: the saved step has no bound
     state, resumed, tracker, metrics = restore(setup, resume_settings(run) | {"mode": "async"}, steps=None)
-    ctx = _Run(setup, transport, state, metrics, tracker, AsyncPool(run.max_staleness, run.max_row_age_s))
+    ctx = _Run(setup, transport, state, metrics, tracker, AsyncPool(run.max_staleness, run.max_row_age_s),
+               eval_request=eval_request(setup.held_out, run) if setup.held_out else b"")
     state.restarts += resumed
     _commit(setup, state, metrics, {"event": "resume" if resumed else "run_start", "run_id": run.run_id,
                                     "mode": "async", "step": state.step, "steps": run.steps, "time": setup.clock(),
@@ -157,7 +163,7 @@ def _finished(ctx: _Run) -> bool:
     online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
     sites = [s for s in ctx.sites.values() if s.node.node_id in online
              and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
-    return all(s.done or s.misses >= MAX_MISSES for s in sites)
+    return all((s.done and not s.eval_due) or s.misses >= MAX_MISSES for s in sites)
 
 
 def _dispatch(ctx: _Run, pool: ThreadPoolExecutor) -> None:
@@ -166,7 +172,14 @@ def _dispatch(ctx: _Run, pool: ThreadPoolExecutor) -> None:
     for nid, node in online.items():
         site = ctx.sites.setdefault(nid, _Site(node))
         site.node = node
-        if site.future is not None or site.done:
+        if site.future is not None:
+            continue
+        if site.eval_due:   # in this site's own thread, like its other orders: the others go on meanwhile
+            site.kind, site.sent_at = "evaluate", ctx.setup.clock()
+            site.future = pool.submit(_exchange, ctx.transport, [Order(nid, "evaluate", request=ctx.eval_request)],
+                                      ctx.setup.run.generate_timeout_s)
+            continue
+        if site.done:
             continue
         if site.misses >= MAX_MISSES and any(s.done for s in ctx.sites.values()):
             continue  # the others are finishing: a site that keeps missing does not hold the run
@@ -235,8 +248,11 @@ def _settle(ctx: _Run, site: _Site) -> None:
         reply = Reply(site.node.node_id, error=f"transport: {type(err).__name__}: {err}")
     if site.kind == "generate":
         _take_batch(ctx, site, reply, site.plan_b)
-        return
-    _trained(ctx, site, reply)
+    elif site.kind == "evaluate":
+        _record_eval(ctx, site, site.eval_due, {site.node.node_id: reply}, ctx.setup.clock() - site.sent_at)
+        site.eval_due = 0
+    else:
+        _trained(ctx, site, reply)
 
 
 def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
@@ -314,7 +330,7 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
              dict(sorted(Counter(delivery.staleness).items())), delivery.dropped_rows)
     own = ctx.updates.get(item.agent, 0)
     if entry.status == "trained" and (own == run.steps or (run.eval_every and own % run.eval_every == 0)):
-        _evaluate_site(ctx, site, own)
+        site.eval_due = own if ctx.setup.held_out else 0
     if run.async_steps == "slowest" and not ctx.stopping:
         online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
         trainers = [s for s in ctx.sites.values() if s.node.node_id in online
@@ -335,22 +351,14 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
         _take_batch(ctx, site, nxt, site.next_plan_b)
 
 
-def _evaluate_site(ctx: _Run, site: _Site, own: int) -> None:
-    """Held-out evaluation of one site after its ``own``-th update (in this thread: the site is idle)."""
+def _record_eval(ctx: _Run, site: _Site, own: int, replies: dict[int, Reply], eval_s: float) -> None:
+    """The metrics line of one site's held-out evaluation after its ``own``-th update."""
     setup = ctx.setup
-    if not setup.held_out:
-        return
-    from hacrl_fed.coordinator.step_record import eval_record, eval_request
-
-    t0 = setup.clock()
-    replies = _exchange(ctx.transport, [Order(site.node.node_id, "evaluate", request=eval_request(setup.held_out,
-                                                                                                    setup.run))],
-                        setup.run.generate_timeout_s)
     tasks = {p.id: p.source for p in setup.held_out if p.source}
     record = eval_record([site.node], replies, run_id=setup.run.run_id, step=own, prompts=len(setup.held_out),
                          tasks=tasks if len(set(tasks.values())) > 1 else None, holders=ctx.ids.holders)
-    _commit(setup, ctx.state, ctx.metrics, record | {"time": setup.clock(), "eval_s": setup.clock() - t0,
-                                                     "mode": "async", "agent": site.agent})
+    _commit(setup, ctx.state, ctx.metrics, record | {"time": setup.clock(), "eval_s": eval_s, "mode": "async",
+                                                     "agent": site.agent})
     ctx.evaluated[site.agent] = own
 
 
@@ -364,10 +372,13 @@ def _site_done(ctx: _Run, agent: str) -> bool:
 def _final_eval(ctx: _Run) -> None:
     """Evaluate every site not yet evaluated at its final update count (``async_steps = "slowest"``: the faster
     sites' last updates came after their ``run.steps``-th)."""
-    for site in ctx.sites.values():
-        own = ctx.updates.get(site.agent, 0)
-        if site.agent and own and ctx.evaluated.get(site.agent) != own and site.agent in ctx.learners():
-            _evaluate_site(ctx, site, own)
+    todo = [s for s in ctx.sites.values() if ctx.setup.held_out and s.agent and s.agent in ctx.learners()
+            and ctx.updates.get(s.agent, 0) and ctx.evaluated.get(s.agent) != ctx.updates.get(s.agent, 0)]
+    t0 = ctx.setup.clock()
+    orders = [Order(s.node.node_id, "evaluate", request=ctx.eval_request) for s in todo]
+    replies = _exchange(ctx.transport, orders, ctx.setup.run.generate_timeout_s)   # all at once
+    for s in todo:
+        _record_eval(ctx, s, ctx.updates[s.agent], {s.node.node_id: replies[s.node.node_id]}, ctx.setup.clock() - t0)
     ctx.state.last_eval_step = max(ctx.updates.values(), default=0)
 
 

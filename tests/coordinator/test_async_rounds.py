@@ -236,3 +236,15 @@ def test_a_site_restarted_from_an_older_checkpoint_is_reconciled_and_catches_up(
     lost = [b for b in read(setup, "batch") if b["agent"] == "carol" and b["rolled_back_steps"]]
     assert len(lost) == 1 and lost[0]["rolled_back_steps"] == [sites[2].trained[1][0]]
     assert len(state.trained_steps["carol"]) == 4 and len(sites[2].trained) == 5   # one update made again
+
+
+def test_one_sites_evaluation_does_not_hold_the_others(tmp_path, federation):
+    sites = fleet(federation, slow=0.02, fast=0.02)
+    sites[2].eval_delay_s = 1.0
+    setup = make_setup(tmp_path, federation, steps=3, eval_every=1)
+    setup.held_out = problems(3)
+    run_async(setup, InProcessTransport(sites))
+    carol = [e for e in read(setup, "eval") if e.get("agent") == "carol"]
+    others = [u["time"] for u in read(setup, "update") if u["agent"] != "carol"]
+    assert carol and all(e["eval_s"] >= 1.0 for e in carol)
+    assert any(e["time"] - e["eval_s"] < t < e["time"] for e in carol for t in others)   # updates went on meanwhile

@@ -38,6 +38,8 @@ class FakeSite:
     """Set: every checkpoint this site is asked for fails with it (the update is still applied)."""
     delay_s: float = 0.0
     """Seconds every generate and train of this site takes (a slow site of an asynchronous run)."""
+    eval_delay_s: float = 0.0
+    """Seconds every held-out evaluation of this site takes."""
     peer_plans: list[list[int]] = field(default_factory=list)
     """The peer plan steps of every train order (asynchronous runs)."""
 
@@ -127,6 +129,7 @@ class InProcessTransport:
             return SiteReply(agent=site.name, envelope=site.generate(plan), metrics=site.generate_metrics())
         if kind == "train":
             return site.train(records.read_train_order(content))
+        time.sleep(site.eval_delay_s)
         req = wpb.EvaluateRequest.FromString(records.read_eval_order(content))
         res = wpb.EvaluateResponse(metrics={"avg@1": 0.25, "problems": float(len(req.prompts))})
         return SiteReply(agent=site.name, evaluation=res.SerializeToString())
