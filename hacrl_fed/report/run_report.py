@@ -101,6 +101,32 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
             "timing": rec.get("timing", {}), "agents": agents}
 
 
+def _update_step(rec: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
+    """An asynchronous run's ``update`` line (docs/async.md) as a step line of one agent, with the accuracy and
+    capability of ``batch`` (the agent's accepted ``batch`` line of the same plan, ``{}`` if none)."""
+    agent = {"status": rec.get("status"), "accuracy": batch.get("accuracy"), "capability": batch.get("capability"),
+             "task_accuracy": batch.get("task_accuracy"), "per_source": rec.get("per_source"), "train": rec.get("train"),
+             "train_rejected": rec.get("train_rejected"), "bytes_in": rec.get("bytes_in"),
+             "bytes_out": rec.get("bytes_out"), "train_s": rec.get("order_s")}
+    return {"step": rec.get("plan"), "trained": rec.get("status") == "trained", "timing": {},   # per site: no step time
+            "agents": {rec.get("agent"): agent}}
+
+
+def _step_lines(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The step lines of a run: sync ``step`` lines as they are, an asynchronous run's ``update`` lines turned into
+    one-agent step lines (:func:`_update_step`)."""
+    batches: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    out = []
+    for r in records:
+        if r.get("event") == "batch" and r.get("status") == "accepted":
+            batches[(r.get("agent"), r.get("plan"))] = r
+        elif r.get("event") == "update":
+            out.append(_update_step(r, batches.get((r.get("agent"), r.get("plan")), {})))
+        elif r.get("event") == "step":
+            out.append(r)
+    return out
+
+
 def _cross_entry(m: Mapping[str, Any]) -> dict[str, Any]:
     """One source's cross statistics for one learner and step, with ``received`` (see the glossary)."""
     c = {k: m.get(k) for k in _CROSS_KEYS}
@@ -154,7 +180,8 @@ def _agent_summary(name: str, info: Mapping[str, Any], steps: Sequence[Mapping[s
     wire = _mean([m["wire_bytes"] for m in mine])
     weights = _weight_bytes(info.get("export_dir"))  # type: ignore[arg-type]
     before = evals[0]["agents"].get(name) if evals and evals[0]["step"] == 0 else None
-    after = evals[-1]["agents"].get(name) if evals and evals[-1]["step"] > 0 else None
+    # the last evaluation after training that has the agent (one per site in an asynchronous run, docs/async.md)
+    after = next((e["agents"][name] for e in reversed(evals) if e["step"] > 0 and name in e["agents"]), None)
     rss = [m["rss_bytes"] for m in mine if m["rss_bytes"] is not None]
     return {
         **{k: info.get(k) for k in ("model", "device", "load_s", "export_dir", "export_error", "peak_rss_bytes")},
@@ -181,7 +208,7 @@ def _peer_grad_frac(mine: Sequence[Mapping[str, Any]]) -> float | None:
 def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, phases: Mapping[str, float],
                  agents: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The report as plain JSON types (pure: no I/O except the sizes of exported weight files)."""
-    steps = [_step_entry(r) for r in records if r.get("event") == "step"]
+    steps = [_step_entry(r) for r in _step_lines(records)]
     evals = _evals(records)
     end = next((r for r in reversed(records) if r.get("event") == "run_end"), {})
     names = sorted(set(agents) | {n for s in steps for n in s["agents"]})
