@@ -33,7 +33,7 @@ def read(setup: Setup, event: str) -> list[dict]:
     return [r for r in lines if r.get("event") == event]
 
 
-def fleet(federation, *, slow=0.1, fast=0.01):
+def fleet(federation, *, slow=0.4, fast=0.1):
     k = federation.keys
     return [FakeSite("alice", k["alice"], delay_s=fast), FakeSite("bob", k["bob"], delay_s=fast),
             FakeSite("carol", k["carol"], delay_s=slow)]
@@ -115,7 +115,7 @@ def test_a_slow_site_does_not_hold_the_others(tmp_path, federation):
 
 
 def test_rows_staler_than_the_bound_are_dropped_and_counted(tmp_path, federation):
-    sites = fleet(federation, slow=0.15, fast=0.01)
+    sites = fleet(federation, slow=0.4, fast=0.0)
     setup = make_setup(tmp_path, federation, steps=6, max_staleness=0)
     run_async(setup, InProcessTransport(sites))
     updates = read(setup, "update")
@@ -179,14 +179,15 @@ def test_async_and_sync_states_are_not_interchangeable(tmp_path, federation):
 
 
 def test_with_async_steps_slowest_the_fast_sites_train_until_the_slowest_is_done(tmp_path, federation):
-    sites = fleet(federation, slow=0.12, fast=0.01)
+    sites = fleet(federation, slow=0.4, fast=0.0)
     setup = make_setup(tmp_path, federation, steps=3, async_steps="slowest")
     state = run_async(setup, InProcessTransport(sites))
     updates = {a: len(v) for a, v in state.trained_steps.items()}
     assert updates["carol"] == 3
     assert updates["alice"] > 3 and updates["bob"] > 3       # they did not idle while carol caught up
-    last = {a: max(u["time"] for u in read(setup, "update") if u["agent"] == a) for a in updates}
-    assert last["carol"] >= max(last["alice"], last["bob"]) - 0.5   # and stopped when carol was done
+    carol_done = max(u["time"] for u in read(setup, "update") if u["agent"] == "carol")
+    for fast in ("alice", "bob"):   # and stopped when carol was done: at most the order in flight then came after
+        assert sum(u["time"] > carol_done for u in read(setup, "update") if u["agent"] == fast) <= 1
 
 
 def test_each_site_is_evaluated_at_its_own_steps(tmp_path, federation):
@@ -240,11 +241,11 @@ def test_a_site_restarted_from_an_older_checkpoint_is_reconciled_and_catches_up(
 
 def test_one_sites_evaluation_does_not_hold_the_others(tmp_path, federation):
     sites = fleet(federation, slow=0.02, fast=0.02)
-    sites[2].eval_delay_s = 1.0
+    sites[2].eval_delay_s = 2.0
     setup = make_setup(tmp_path, federation, steps=3, eval_every=1)
     setup.held_out = problems(3)
     run_async(setup, InProcessTransport(sites))
     carol = [e for e in read(setup, "eval") if e.get("agent") == "carol"]
     others = [u["time"] for u in read(setup, "update") if u["agent"] != "carol"]
-    assert carol and all(e["eval_s"] >= 1.0 for e in carol)
+    assert carol and all(e["eval_s"] >= 2.0 for e in carol)
     assert any(e["time"] - e["eval_s"] < t < e["time"] for e in carol for t in others)   # updates went on meanwhile
