@@ -160,10 +160,15 @@ def _finished(ctx: _Run) -> bool:
     last :data:`MAX_MISSES` orders (a site that went offline does not hold the end)."""
     if any(s.future is not None for s in ctx.sites.values()) or not any(s.done for s in ctx.sites.values()):
         return False
+    return all((s.done and not s.eval_due) or s.misses >= MAX_MISSES for s in _online_trainers(ctx))
+
+
+def _online_trainers(ctx: _Run) -> list[_Site]:
+    """The sites online now that train: every one but rollout-only agents (a site whose agent is not known yet,
+    no batch of it accepted, counts: it is a site still to come)."""
     online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
-    sites = [s for s in ctx.sites.values() if s.node.node_id in online
-             and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
-    return all((s.done and not s.eval_due) or s.misses >= MAX_MISSES for s in sites)
+    return [s for s in ctx.sites.values() if s.node.node_id in online
+            and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
 
 
 def _dispatch(ctx: _Run, pool: ThreadPoolExecutor) -> None:
@@ -212,9 +217,9 @@ def _next_order(ctx: _Run, site: _Site) -> tuple[Order, float]:
     envelopes = {f"{learner}@{plan.step}": item.envelope} | {b.key: b.envelope for b in site.delivery.batches}
     by_step = {b.step: b.plan for b in site.delivery.batches if b.step != plan.step}
     peer_plans = [by_step[step] for step in sorted(by_step)]
-    last = run.async_steps == "each" and ctx.updates.get(learner, 0) + 1 >= run.steps
+    own_updates = len(ctx.state.trained_steps.get(learner, [])) + 1   # this update's own count
+    last = run.async_steps == "each" and own_updates >= run.steps
     next_b = b"" if last else _plan_for(ctx, site, run.train_timeout_s + run.generate_timeout_s)
-    own_updates = ctx.updates.get(learner, 0) + 1
     checkpoint = run.checkpoint_every > 0 and (own_updates % run.checkpoint_every == 0 or last)
     order = Order(site.node.node_id, "train", plan=plan_b, table=table, envelopes=envelopes, checkpoint=checkpoint,
                   next_plan=next_b, checkpoint_every=run.checkpoint_every, peer_plans=tuple(peer_plans))
@@ -332,12 +337,8 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
     if entry.status == "trained" and (own == run.steps or (run.eval_every and own % run.eval_every == 0)):
         site.eval_due = own if ctx.setup.held_out else 0
     if run.async_steps == "slowest" and not ctx.stopping:
-        online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
-        trainers = [s for s in ctx.sites.values() if s.node.node_id in online
-                    and not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
-        # a node whose agent is not known yet (no batch accepted) is a site still to come, not a finished one
         ctx.stopping = all((s.agent and ctx.updates.get(s.agent, 0) >= run.steps) or s.misses >= MAX_MISSES
-                           for s in trainers)
+                           for s in _online_trainers(ctx))
         if ctx.stopping:
             log.info("every site made %d updates: the run stops after the orders in flight", run.steps)
             for s in ctx.sites.values():
