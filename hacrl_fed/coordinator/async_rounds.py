@@ -330,10 +330,10 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
                          peer_rows_dropped=float(delivery.dropped_rows))
     record = _update_record(ctx, site, plan, entry, delivery, reply)
     _commit(ctx.setup, ctx.state, ctx.metrics, record)
-    log.info("%s update %d/%d (plan %d): %s, %d peer rows (staleness %s), %d dropped as stale", item.agent,
-             ctx.updates.get(item.agent, 0), run.steps, plan.step, entry.status, delivery.rows,
-             dict(sorted(Counter(delivery.staleness).items())), delivery.dropped_rows)
-    own = ctx.updates.get(item.agent, 0)
+    own = len(ctx.state.trained_steps.get(item.agent, []))
+    log.info("%s update %d/%d (plan %d): %s, %d peer rows (staleness %s), %d dropped as stale", item.agent, own,
+             run.steps, plan.step, entry.status, delivery.rows, dict(sorted(Counter(delivery.staleness).items())),
+             delivery.dropped_rows)
     if entry.status == "trained" and (own == run.steps or (run.eval_every and own % run.eval_every == 0)):
         site.eval_due = own if ctx.setup.held_out else 0
     if run.async_steps == "slowest" and not ctx.stopping:
