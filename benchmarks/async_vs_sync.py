@@ -1,9 +1,10 @@
 """Asynchronous against synchronous rounds with one site made 3× slower (docs/async.md).
 
-Runs ``hacrl-fed simulate`` twice on one config (default ``examples/async.toml``: three SmolLM2-135M-Instruct sites
-on the task suite, ``smollm2-slow`` with ``agent.slowdown = 3``): once as written (``run.mode = "async"``) and once
-with ``run.mode = "sync"`` (everything else equal; sync runs ``run.steps`` steps, async runs until every site made
-``run.steps`` updates with ``async_steps = "slowest"``). Each run is one cell, ``<out>/cells/<mode>.json``, taken
+Runs ``hacrl-fed simulate`` twice per seed (``--seeds``: ``run.seed``) on one config (default
+``examples/async.toml``: three SmolLM2-135M-Instruct sites on the task suite, ``smollm2-slow`` with
+``agent.slowdown = 3``): once as written (``run.mode = "async"``) and once with ``run.mode = "sync"`` (everything
+else equal; sync runs ``run.steps`` steps, async runs until every site made ``run.steps`` updates with
+``async_steps = "slowest"``). Each run is one cell, ``<out>/cells/<mode>-s<seed>.json``, taken
 from its ``metrics.jsonl`` and skipped when present (commit them as they come). Then, per site:
 
 * updates per hour (own updates over the time from the run's start to its last update);
@@ -16,7 +17,7 @@ from its ``metrics.jsonl`` and skipped when present (commit them as they come). 
 The two runs go one after the other on the same machine: the wall times are comparable only when nothing else
 runs (pause other benchmarks). ``--summary-only`` rebuilds ``results.md`` / ``results.json`` from the cells.
 
-    python benchmarks/async_vs_sync.py --out benchmarks/results/async-vs-sync
+    python benchmarks/async_vs_sync.py --seeds 0,1 --out benchmarks/results/async-vs-sync
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,32 +36,38 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("sync", "async")
 
 
-def mode_config(config: Path, mode: str, out: Path) -> Path:
-    """``config`` with ``run.mode`` set to ``mode`` (the file must say ``mode = "async"`` once)."""
+def mode_config(config: Path, mode: str, seed: int, out: Path) -> Path:
+    """``config`` with ``run.mode`` set to ``mode`` and ``run.seed`` to ``seed`` (the file must say
+    ``mode = "async"`` and ``seed = <n>`` once each, at the start of a line)."""
     text = config.read_text(encoding="utf-8")
     line = 'mode = "async"'
     if text.count(line) != 1:
         raise SystemExit(f"{config}: expected exactly one line {line!r} in [run]")
-    path = out / f"{mode}.toml"
-    path.write_text(text.replace(line, f'mode = "{mode}"'), encoding="utf-8")
+    seeds = re.findall(r"(?m)^seed = \d+", text)
+    if len(seeds) != 1:
+        raise SystemExit(f"{config}: expected exactly one line 'seed = <n>' in [run]")
+    path = out / f"{mode}-s{seed}.toml"
+    text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", text.replace(line, f'mode = "{mode}"'))
+    path.write_text(text, encoding="utf-8")
     return path
 
 
-def run_cell(config: Path, mode: str, out: Path) -> dict:
-    """One simulate run in ``mode``; returns its cell (:func:`cell_from_metrics`)."""
-    cfg = mode_config(config, mode, out)
+def run_cell(config: Path, mode: str, seed: int, out: Path) -> dict:
+    """One simulate run in ``mode`` with ``run.seed = seed``; returns its cell (:func:`cell_from_metrics`)."""
+    cfg = mode_config(config, mode, seed, out)
     runs = out / "runs"
-    name = f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+    tag = f"{mode}-s{seed}"
+    name = f"{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = [sys.executable, "-m", "hacrl_fed.cli", "simulate", "--config", str(cfg), "--output-dir", str(runs),
            "--run-name", name, "--no-progress"]
-    print(f"[{mode}] {' '.join(cmd)}", flush=True)
+    print(f"[{tag}] {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
-    with open(out / f"{mode}.log", "w", encoding="utf-8") as log:
+    with open(out / f"{tag}.log", "w", encoding="utf-8") as log:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
     if rc != 0:
-        raise SystemExit(f"[{mode}] simulate failed (exit {rc}): see {out / f'{mode}.log'}")
+        raise SystemExit(f"[{tag}] simulate failed (exit {rc}): see {out / f'{tag}.log'}")
     cell = cell_from_metrics(runs / name / "metrics.jsonl", mode)
-    cell["command_s"] = time.monotonic() - t0
+    cell["command_s"], cell["seed"] = time.monotonic() - t0, seed
     return cell
 
 
@@ -155,31 +163,82 @@ def summarize(cells: dict[str, dict], steps: int) -> tuple[str, dict]:
     return "\n".join(md), out
 
 
+def summarize_seeds(by_seed: dict[int, dict[str, dict]], steps: int) -> tuple[str, dict]:
+    """Per seed the table of :func:`summarize`, then the mean over the seeds with both cells of each site's updates
+    per hour, accuracies and dropped share (staleness histograms summed)."""
+    done = {seed: summarize(cells, steps) for seed, cells in sorted(by_seed.items())
+            if "sync" in cells and "async" in cells}
+    if not done:
+        return "both cells of a seed are needed\n", {}
+    data = {"steps": steps, "seeds": {str(seed): d for seed, (_, d) in done.items()}, "mean": {}}
+    keys = ("updates_per_hour", "at_steps", "at_sync_time", "dropped_share")
+    fmt = lambda v, pct: "–" if v is None else (f"{100 * v:.1f} %" if pct else f"{v:.0f}")
+    rows = []
+    for name in sorted({n for _, d in done.values() for n in d["sites"]}):
+        entry = {}
+        for mode in MODES:
+            per = [d["sites"][name][mode] for _, d in done.values() if name in d["sites"]]
+            entry[mode] = {k: _mean([p[k] for p in per]) for k in keys}
+            entry[mode]["before"] = _mean([p["before"] for p in per])
+            hist: Counter = Counter()
+            for p in per:
+                hist.update({int(k): v for k, v in p["staleness_rows"].items()})
+            entry[mode]["staleness_rows"] = {str(k): v for k, v in sorted(hist.items())}
+        data["mean"][name] = entry
+        sy, asy = entry["sync"], entry["async"]
+        rows.append(f"| {name} | {fmt(sy['updates_per_hour'], False)} | {fmt(asy['updates_per_hour'], False)} "
+                    f"| {fmt(sy['before'], True)} | {fmt(sy['at_steps'], True)} | {fmt(asy['at_steps'], True)} "
+                    f"| {fmt(sy['at_sync_time'], True)} | {fmt(asy['at_sync_time'], True)} "
+                    f"| {asy['staleness_rows'] or '–'} | {fmt(asy['dropped_share'], True)} |")
+    md = [f"# Asynchronous vs synchronous rounds, one site 3× slower ({steps} steps, seeds "
+          f"{', '.join(str(s) for s in done)})", "",
+          "## Mean over the seeds", "",
+          "Each figure is the mean over the seeds of the per-seed figure below (staleness: rows summed).", "",
+          "| site | updates/h sync | updates/h async | before | sync after N | async after N | sync at T | "
+          "async at T | async staleness (rows) | async dropped |",
+          "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    for seed, (text, _) in done.items():
+        md += [f"## Seed {seed}", "", *text.splitlines()[2:], ""]
+    return "\n".join(md), data
+
+
+def _mean(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "async.toml")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--modes", default="sync,async")
+    parser.add_argument("--seeds", default="0", help="run.seed values, comma-separated: a sync and an async cell each")
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
     (args.out / "cells").mkdir(parents=True, exist_ok=True)
     import tomllib
 
     steps = tomllib.loads(args.config.read_text(encoding="utf-8"))["run"]["steps"]
-    cells: dict[str, dict] = {}
-    for mode in [m for m in args.modes.split(",") if m]:
-        if mode not in MODES:
-            raise SystemExit(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-        path = args.out / "cells" / f"{mode}.json"
-        if path.exists():
-            cells[mode] = json.loads(path.read_text(encoding="utf-8"))
-            print(f"[{mode}] done already", flush=True)
-            continue
-        if args.summary_only:
-            continue
-        cells[mode] = run_cell(args.config, mode, args.out)
-        path.write_text(json.dumps(cells[mode], indent=1) + "\n", encoding="utf-8")
-    md, data = summarize(cells, steps)
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        raise SystemExit(f"unknown mode {bad[0]!r}; valid: {', '.join(MODES)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds: comma-separated integers, not {args.seeds!r}") from None
+    by_seed: dict[int, dict[str, dict]] = {}
+    for seed in seeds:   # seed by seed, sync then async: the two modes of a seed run next to each other
+        for mode in modes:
+            path = args.out / "cells" / f"{mode}-s{seed}.json"
+            if path.exists():
+                by_seed.setdefault(seed, {})[mode] = json.loads(path.read_text(encoding="utf-8"))
+                print(f"[{mode}-s{seed}] done already", flush=True)
+                continue
+            if args.summary_only:
+                continue
+            by_seed.setdefault(seed, {})[mode] = cell = run_cell(args.config, mode, seed, args.out)
+            path.write_text(json.dumps(cell, indent=1) + "\n", encoding="utf-8")
+    md, data = summarize_seeds(by_seed, steps)
     (args.out / "results.md").write_text(md + "\n", encoding="utf-8")
     (args.out / "results.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(md)

@@ -146,6 +146,7 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
                 if site.future is not None and site.future.done():
                     _settle(ctx, site)
     state.elapsed_s += setup.clock() - t0
+    _flush_eval(setup, state, metrics, ctx.ids)   # a site that never delivered a batch stays unverified@<node>
     _final_eval(ctx)
     _commit(setup, state, metrics, _run_end(state, metrics) | {"mode": "async", "updates": ctx.updates,
                                                                  "pool_evicted": ctx.pool.evicted})
@@ -288,7 +289,7 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
         holder.agent, holder.held = "", None   # the agent moved to this node (a restart)
     site.agent, site.misses = item.agent, 0
     ctx.ids.verified([item], {item.agent: entry})
-    _flush_eval(ctx.setup, ctx.state, ctx.metrics, ctx.ids)
+    _flush_eval_once_known(ctx)
     reconcile(entry, ctx.state.trained_steps.setdefault(item.agent, []), plan.step)
     verification = reverify(ctx.setup.verify, [item], plan, truncated_reward=ctx.setup.truncated_reward)[item.agent]
     entry.verification = verification
@@ -350,6 +351,16 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
         nxt = Reply(site.node.node_id, site=SiteReply(agent=reply.site.agent, envelope=reply.site.envelope,
                                                         metrics=reply.site.generate_metrics))
         _take_batch(ctx, site, nxt, site.next_plan_b)
+
+
+def _flush_eval_once_known(ctx: _Run) -> None:
+    """Write the evaluation before training once every node that answered it is named or has delivered a verified
+    batch (sites verify one by one here, not a step at a time: flushed at the first, the others' replies would be
+    filed as ``unverified@<node>``); the run's end flushes it whatever is known."""
+    held = ctx.ids.held_eval
+    known = set(ctx.ids.holders.values())
+    if held is not None and all(n.name or n.node_id in known for n in held["nodes"]):
+        _flush_eval(ctx.setup, ctx.state, ctx.metrics, ctx.ids)
 
 
 def _record_eval(ctx: _Run, site: _Site, own: int, replies: dict[int, Reply], eval_s: float) -> None:

@@ -206,6 +206,17 @@ def test_each_site_is_evaluated_at_its_own_steps(tmp_path, federation):
         assert steps[:2] == [2, 4] and steps[-1] == final[agent]   # every 2nd own update, and after its last
 
 
+def test_the_evaluation_before_training_names_every_site_once_each_has_delivered_a_batch(tmp_path, federation):
+    # unnamed nodes (simulate, SuperNodes without authentication): a reply counts once its node delivered a
+    # verified batch, and the sites deliver their first batches one by one
+    sites = fleet(federation, slow=0.3, fast=0.0)
+    setup = make_setup(tmp_path, federation, steps=2, eval_every=0, async_steps="slowest")
+    setup.held_out = problems(3)
+    run_async(setup, InProcessTransport(sites, named=False))
+    before = [e for e in read(setup, "eval") if e["step"] == 0 and "agent" not in e]
+    assert len(before) == 1 and set(before[0]["agents"]) == {"alice", "bob", "carol"}
+
+
 def test_a_site_that_drops_out_does_not_stall_the_others(tmp_path, federation):
     sites = fleet(federation, slow=0.0)
 

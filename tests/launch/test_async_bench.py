@@ -59,3 +59,23 @@ def test_the_comparison_reads_both_runs(tmp_path):
     assert slow["async"]["staleness_rows"] == {"1": 32, "2": 32}
     assert slow["async"]["dropped_share"] == 32 / (32 + 64)
     assert fast["sync"]["peer_rows"] == 32 and "| fast |" in md
+
+
+def test_seeds_are_summarized_each_and_averaged(tmp_path):
+    cells = {"sync": bench.cell_from_metrics(sync_run(tmp_path), "sync"),
+             "async": bench.cell_from_metrics(async_run(tmp_path), "async")}
+    other = json.loads(json.dumps(cells))
+    other["async"]["sites"]["fast"]["updates"] = other["async"]["sites"]["fast"]["updates"][:3]   # 3 in 300 s
+    md, data = bench.summarize_seeds({0: cells, 1: other, 2: {"sync": cells["sync"]}}, steps=2)
+    assert set(data["seeds"]) == {"0", "1"}                          # seed 2 lacks its async cell
+    fast = data["mean"]["fast"]["async"]
+    assert fast["updates_per_hour"] == (3600 * 6 / 600 + 3600 * 3 / 300) / 2
+    assert data["mean"]["slow"]["async"]["staleness_rows"] == {"1": 64, "2": 64}
+    assert "## Seed 0" in md and "## Seed 1" in md and "## Seed 2" not in md
+
+
+def test_the_config_gets_each_mode_and_seed(tmp_path):
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('[run]\nmode = "async"\nseed = 0\nsampling = { temperature = 0.7 }\n')
+    text = bench.mode_config(cfg, "sync", 3, tmp_path).read_text()
+    assert 'mode = "sync"' in text and "seed = 3" in text and "seed = 0" not in text
