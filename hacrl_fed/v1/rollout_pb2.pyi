@@ -19,6 +19,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     STOP: _ClassVar[FinishReason]
     LENGTH: _ClassVar[FinishReason]
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ENV: _ClassVar[Role]
+    AGENT: _ClassVar[Role]
 VERDICT_UNSPECIFIED: Verdict
 CORRECT: Verdict
 INCORRECT: Verdict
@@ -26,6 +32,9 @@ VERIFIER_ERROR: Verdict
 FINISH_REASON_UNSPECIFIED: FinishReason
 STOP: FinishReason
 LENGTH: FinishReason
+ROLE_UNSPECIFIED: Role
+ENV: Role
+AGENT: Role
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "seed")
@@ -41,19 +50,33 @@ class SamplingParams(_message.Message):
     seed: int
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class EpisodeSpec(_message.Message):
+    __slots__ = ("env_id", "config_json", "seed", "max_turns")
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    env_id: str
+    config_json: str
+    seed: int
+    max_turns: int
+    def __init__(self, env_id: _Optional[str] = ..., config_json: _Optional[str] = ..., seed: _Optional[int] = ..., max_turns: _Optional[int] = ...) -> None: ...
+
 class PromptItem(_message.Message):
-    __slots__ = ("prompt_id", "text", "reference_answer", "answer_style", "task")
+    __slots__ = ("prompt_id", "text", "reference_answer", "answer_style", "task", "episode")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_ANSWER_FIELD_NUMBER: _ClassVar[int]
     ANSWER_STYLE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     text: str
     reference_answer: str
     answer_style: str
     task: str
-    def __init__(self, prompt_id: _Optional[str] = ..., text: _Optional[str] = ..., reference_answer: _Optional[str] = ..., answer_style: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
+    episode: EpisodeSpec
+    def __init__(self, prompt_id: _Optional[str] = ..., text: _Optional[str] = ..., reference_answer: _Optional[str] = ..., answer_style: _Optional[str] = ..., task: _Optional[str] = ..., episode: _Optional[_Union[EpisodeSpec, _Mapping]] = ...) -> None: ...
 
 class RoundPlan(_message.Message):
     __slots__ = ("run_id", "step", "samples_per_prompt", "sampling", "prompts", "deadline_unix_s")
@@ -71,8 +94,20 @@ class RoundPlan(_message.Message):
     deadline_unix_s: float
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompts: _Optional[_Iterable[_Union[PromptItem, _Mapping]]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
 
+class Turn(_message.Message):
+    __slots__ = ("role", "text", "finish_reason", "behaviour_eos_logprob")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOUR_EOS_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    text: str
+    finish_reason: FinishReason
+    behaviour_eos_logprob: float
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., behaviour_eos_logprob: _Optional[float] = ...) -> None: ...
+
 class Rollout(_message.Message):
-    __slots__ = ("prompt_id", "sample_index", "response_text", "reward", "verdict", "behaviour_logprob_sum", "behaviour_token_count", "finish_reason", "behaviour_eos_logprob")
+    __slots__ = ("prompt_id", "sample_index", "response_text", "reward", "verdict", "behaviour_logprob_sum", "behaviour_token_count", "finish_reason", "behaviour_eos_logprob", "episode", "turns")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +117,8 @@ class Rollout(_message.Message):
     BEHAVIOUR_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_EOS_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     sample_index: int
     response_text: str
@@ -91,7 +128,9 @@ class Rollout(_message.Message):
     behaviour_token_count: int
     finish_reason: FinishReason
     behaviour_eos_logprob: float
-    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_text: _Optional[str] = ..., reward: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., behaviour_logprob_sum: _Optional[float] = ..., behaviour_token_count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., behaviour_eos_logprob: _Optional[float] = ...) -> None: ...
+    episode: EpisodeSpec
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., response_text: _Optional[str] = ..., reward: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., behaviour_logprob_sum: _Optional[float] = ..., behaviour_token_count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., behaviour_eos_logprob: _Optional[float] = ..., episode: _Optional[_Union[EpisodeSpec, _Mapping]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class RolloutBatch(_message.Message):
     __slots__ = ("run_id", "step", "agent_id", "model_fingerprint", "rollouts", "sampling", "model_version")
