@@ -28,13 +28,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "algo": {"tokenization"},
     "screen_config": set(),
     "config": {"algo", "screen_config"},
-    "reward": {"config"},
-    "data": {"config", "reward"},
+    "envs": {"v1"},
+    "reward": {"config", "envs", "protocol"},
+    "data": {"config", "envs", "reward"},
     "protocol": {"atomic", "v1"},
     "screens": {"algo", "reward", "screen_config", "v1"},
     "rollout": {"algo", "tokenization"},
-    "worker": {"algo", "atomic", "config", "data", "protocol", "reward", "rollout", "screens", "status", "tiny_models",
-               "tokenization", "v1"},
+    "worker": {"algo", "atomic", "config", "data", "envs", "protocol", "reward", "rollout", "screens", "status",
+               "tiny_models", "tokenization", "v1"},
     "contributor": {"config", "protocol", "reward", "rollout", "status", "v1", "worker"},
     "route": {"atomic", "config", "data", "reward", "rollout", "worker"},
     "coordinator": {"algo", "atomic", "config", "protocol", "v1"},
@@ -51,6 +52,7 @@ ONLY_IN: dict[str, set[str]] = {
     "flwr": {"flower"},
     "grpc": {"launch", "site", "v1", "worker"},
     "typer": {"cli"},
+    "textarena": {"envs"},
 }
 """Third-party package → the only units that may import it."""
 

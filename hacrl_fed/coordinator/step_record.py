@@ -92,6 +92,27 @@ def claimed_agent(node: Any, reply: Any) -> str:
     return reported if isinstance(reported, str) and re.fullmatch(AGENT_NAME_PATTERN, reported) else ""
 
 
+def refuse_replay_mismatches(accepted: Sequence[AcceptedBatch], agents: Mapping[str, AgentStep],
+                             verifications: Mapping[str, Any], step: int) -> list[AcceptedBatch]:
+    """The accepted batches without those holding an episode whose replay disagrees with its trajectory
+    (``verifications[agent].replay_mismatches``, :func:`hacrl_fed.coordinator.phases.reverify`): such a batch is
+    refused as a whole, its entry set to ``rejected`` / ``replay_mismatch`` with the episodes named (logged, and
+    told to the site with its next order like any refusal)."""
+    kept = []
+    for item in accepted:
+        found = getattr(verifications.get(item.agent), "replay_mismatches", None)
+        if not found:
+            kept.append(item)
+            continue
+        entry = agents[item.agent]
+        entry.status, entry.reason = "rejected", Reason.REPLAY_MISMATCH.value
+        entry.detail = bounded_text(f"{len(found)} episode(s) do not replay: {'; '.join(found[:3])}")
+        entry.rows_rejected += entry.rows_accepted
+        entry.rows_accepted, entry.fingerprint = 0, ""
+        log.warning("step %d: %s (node %d) %s: %s", step, item.agent, entry.node_id, entry.reason, entry.detail)
+    return kept
+
+
 def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Mapping[str, Any],
                     plan: pb.RoundPlan, *, max_bytes: int,
                     timeout_s: float) -> tuple[list[AcceptedBatch], dict[str, AgentStep]]:

@@ -24,6 +24,7 @@ from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.protocol.plans import PlanError, check_peer_plans
 from hacrl_fed.reward import Verifier
+from hacrl_fed.protocol.episodes import EPISODE_STYLE
 from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.views import encode_response_text
@@ -136,6 +137,9 @@ def _check_prompts(prompts) -> None:
         if len(p.text) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
                                       f"{MAX_PROMPT_CHARS} are allowed")
+        if p.HasField("episode") or p.answer_style == EPISODE_STYLE:
+            _check_episode_prompt(p)
+            continue
         if not p.text.strip():
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
         if p.answer_style and not is_answer_style(p.answer_style):
@@ -143,6 +147,21 @@ def _check_prompts(prompts) -> None:
         if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
             raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
                                       f"{MAX_ID_CHARS} characters")
+
+
+def _check_episode_prompt(p) -> None:
+    """An episode prompt (docs/multi-turn.md): style ``episode``, an environment instance this site can make
+    (``hacrl_fed.envs.EpisodeSpec`` bounds, a registered environment), no text or reference answer. Raises
+    InvalidRequestError."""
+    from hacrl_fed.envs import episode_spec_of
+
+    if not p.HasField("episode") or p.answer_style != EPISODE_STYLE or p.text or p.reference_answer:
+        raise InvalidRequestError(f"prompt {p.prompt_id!r}: an episode needs answer_style {EPISODE_STYLE!r}, an "
+                                  "episode and no text or reference answer")
+    try:
+        episode_spec_of(p.episode)
+    except ValueError as err:
+        raise InvalidRequestError(f"prompt {p.prompt_id!r}: {err}") from None
 
 
 def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
