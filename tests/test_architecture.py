@@ -32,7 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "reward": {"config", "envs", "protocol"},
     "data": {"config", "envs", "reward"},
     "protocol": {"atomic", "v1"},
-    "screens": {"algo", "reward", "screen_config", "v1"},
+    "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
     "rollout": {"algo", "tokenization"},
     "worker": {"algo", "atomic", "config", "data", "envs", "protocol", "reward", "rollout", "screens", "status",
                "tiny_models", "tokenization", "v1"},

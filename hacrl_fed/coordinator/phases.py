@@ -89,12 +89,12 @@ def build_round_plan(*, run_id: str, step: int, problems: Sequence[ProblemLike],
         samples_per_prompt=samples_per_prompt,
         sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                    max_new_tokens=sampling.max_new_tokens, seed=step_seed(seed, step)),
-        prompts=[_prompt_item(p) for p in problems],
+        prompts=[prompt_item(p) for p in problems],
         deadline_unix_s=deadline_unix_s,
     )
 
 
-def _prompt_item(p: ProblemLike) -> pb.PromptItem:
+def prompt_item(p: ProblemLike) -> pb.PromptItem:
     """The plan's item of one problem; a problem with an ``episode`` (``hacrl_fed.envs.EpisodeSpec``) is an episode
     prompt: its environment instance, style ``episode``, no text or reference answer (docs/multi-turn.md)."""
     episode = getattr(p, "episode", None)

@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 
 from hacrl_fed.config import RunConfig
 from hacrl_fed.coordinator.intake import bounded_metrics, bounded_text
-from hacrl_fed.coordinator.phases import AgentVerification, step_seed
+from hacrl_fed.coordinator.phases import AgentVerification, prompt_item, step_seed
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, validate_envelope
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -371,8 +371,7 @@ def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
     """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems, for this run
     (a site whose model belongs to another run refuses it)."""
     req = wpb.EvaluateRequest(
-        prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
-                               answer_style=p.answer_style or "boxed") for p in held_out],
+        prompts=[prompt_item(p) for p in held_out],
         samples=1,
         sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=run.sampling.max_new_tokens,
                                    seed=step_seed(run.seed, -1)),
