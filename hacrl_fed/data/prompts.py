@@ -131,6 +131,15 @@ def response_separator(tokenizer, template: Template = "auto") -> str:
     return "" if _uses_chat_template(tokenizer, template) else " "
 
 
+def conversation_template(tokenizer, template: Template = "auto") -> str:
+    """The chat template a multi-turn episode is rendered with (docs/multi-turn.md): the tokenizer's own under a
+    chat template, :data:`PLAIN_CHAT_TEMPLATE` (``Question:`` / ``Answer:`` turns) for a plain-template model —
+    what :class:`hacrl_fed.tokenization.episodes.EpisodeTemplate` takes as ``chat_template``, with
+    :func:`response_separator` as its ``separator``. Its first prompt is :func:`render_prompt`'s.
+    Raises ``ValueError`` for an unknown template name."""
+    return tokenizer.chat_template if _uses_chat_template(tokenizer, template) else PLAIN_CHAT_TEMPLATE
+
+
 def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template: Template = "auto") -> str:
     """The rendered prompt as text, special tokens written literally (incl. the BOS of the plain template).
 
