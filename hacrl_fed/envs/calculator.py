@@ -1,0 +1,137 @@
+"""``calculator``: a reasoning-gym problem solved with a calculator tool, a multi-turn tool-use task.
+
+Configuration: ``{"task": <reasoning-gym generator>, "task_config": {<its arguments>}}``. The problem is item 0
+of ``reasoning_gym.create_dataset(task, seed=spec.seed, size=1, **task_config)`` — the same generators, answer
+styles and scorers as the single-turn task suites (:mod:`hacrl_fed.data.tasks`); a generator whose scorer needs
+the item's metadata is refused, as there.
+
+The agent's turn, one message at a time:
+
+* ``<calc>EXPRESSION</calc>`` — the first such call of the message is evaluated
+  (:mod:`hacrl_fed.envs.expression`: numbers, ``+ - * / // % **``, unary minus, parentheses, at most 200
+  characters) and answered ``<result>VALUE</result>`` or ``<error>WHY</error>``; the episode goes on;
+* a final answer in ``\\boxed{...}`` — ends the episode (it wins over a calculator call in the same message):
+  reward 1.0 when the verifier finds it correct (:func:`hacrl_fed.reward.check_answer`: math-verify for a
+  numeric reference, the task's own scorer otherwise), else 0.0;
+* anything else — a short reminder of the two forms; the episode goes on.
+
+Deterministic: the problem depends on the task, its config and the seed only; the calculator and the verifier
+are pure functions of the text.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any
+
+from hacrl_fed.data.tasks import answer_style_for, check_scorer
+from hacrl_fed.envs.base import EnvStep, EpisodeSpec
+from hacrl_fed.envs.expression import CalcError, evaluate, format_value
+from hacrl_fed.envs.params import check_keys, object_param, str_param
+from hacrl_fed.reward.compare import check_answer, warm_up
+
+__all__ = ["ENV_ID", "INSTRUCTION", "REMINDER", "CalculatorEnv", "make_calculator"]
+
+ENV_ID = "calculator"
+INSTRUCTION = (
+    "You can use a calculator. To use it, write <calc>EXPRESSION</calc>, for example <calc>(12 + 7) * 3</calc> "
+    "(numbers, + - * / // % ** and parentheses; one calculation per message). It answers <result>VALUE</result> "
+    "or <error>REASON</error>.\n"
+    "When you know the answer, give it as \\boxed{ANSWER}; that ends the task."
+)
+"""Appended to the question in the first observation."""
+REMINDER = "Write <calc>EXPRESSION</calc> to use the calculator, or give your final answer as \\boxed{ANSWER}."
+"""The answer to a message with neither a calculator call nor a final answer."""
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_OPEN, _CLOSE = "<calc>", "</calc>"
+
+
+def _problem(task: str, task_config: dict[str, Any], seed: int) -> dict[str, Any]:
+    from reasoning_gym.factory import DATASETS, create_dataset
+
+    if task not in DATASETS:
+        near = sorted(n for n in DATASETS if n[:3] == task[:3])
+        raise ValueError(f"reasoning-gym has no generator {task!r}" + (f" (similar: {', '.join(near)})" if near else ""))
+    try:
+        dataset = create_dataset(task, seed=seed, size=1, **task_config)
+        item = dataset[0]
+    except (TypeError, ValueError, AssertionError, KeyError, IndexError) as err:
+        raise ValueError(f"bad task_config for {task!r}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                         ) from None
+    check_scorer(SimpleNamespace(name=task, label=task), [item], dataset)
+    return item
+
+
+@lru_cache(maxsize=1)
+def _verifier_ready() -> None:
+    """Import math-verify once, its "timeout disabled" warning silenced (the verifier's own start-up)."""
+    warm_up()
+
+
+def _calc_call(message: str) -> tuple[str | None, bool]:
+    """``(expression, several)``: the first ``<calc>…</calc>`` of ``message`` (``None`` when there is none or
+    it is unclosed) and whether another call follows it. Linear time."""
+    start = message.find(_OPEN)
+    if start < 0:
+        return None, False
+    end = message.find(_CLOSE, start + len(_OPEN))
+    if end < 0:
+        return None, False
+    return message[start + len(_OPEN):end], message.find(_OPEN, end) >= 0
+
+
+class CalculatorEnv:
+    """One calculator episode on a reasoning-gym problem (see the module docstring).
+
+    Args:
+        task: a reasoning-gym generator name.
+        task_config: its arguments (a JSON object).
+        seed: the generator seed of the problem.
+
+    Raises :class:`ValueError` for an unknown generator, arguments it refuses, or a scorer that needs metadata.
+    """
+
+    def __init__(self, task: str, task_config: dict[str, Any], seed: int) -> None:
+        item = _problem(task, task_config, seed)
+        self.question = str(item["question"]).strip()
+        self.reference = str(item["answer"]).strip()
+        if not self.question or not self.reference:
+            raise ValueError(f"{task!r} item of seed {seed} has an empty question or answer")
+        self.style = answer_style_for(self.reference, task)
+        self._done = False
+
+    def reset(self) -> str:
+        """The question followed by :data:`INSTRUCTION`."""
+        self._done = False
+        return f"{self.question}\n\n{INSTRUCTION}"
+
+    def step(self, message: str) -> EnvStep:
+        """Answer one agent message (see the module docstring). Raises :class:`RuntimeError` after the end."""
+        if self._done:
+            raise RuntimeError("the episode is over")
+        if _BOXED.search(message):
+            self._done = True
+            _verifier_ready()
+            verdict = check_answer(message, self.reference, self.style, self.question)
+            correct = verdict.verdict == "correct"
+            return EnvStep(f"Final answer received: {'correct' if correct else 'incorrect'}.", True,
+                           1.0 if correct else 0.0)
+        expression, several = _calc_call(message)
+        if expression is None:
+            return EnvStep(REMINDER, False, 0.0)
+        try:
+            text = f"<result>{format_value(evaluate(expression))}</result>"
+        except CalcError as err:
+            text = f"<error>{err}</error>"
+        if several:
+            text += "\n(Only the first <calc> of a message is evaluated.)"
+        return EnvStep(text, False, 0.0)
+
+
+def make_calculator(spec: EpisodeSpec) -> CalculatorEnv:
+    """The calculator episode of ``spec`` (config keys ``task``, ``task_config``). Raises :class:`ValueError`."""
+    check_keys(spec.config, ("task", "task_config"))
+    return CalculatorEnv(str_param(spec.config, "task", 64), object_param(spec.config, "task_config"), spec.seed)
