@@ -128,9 +128,10 @@ def check_trajectory(spec: EpisodeSpec, turns: Sequence[tuple[str, str]]) -> Tra
 
     Accepted exactly when: roles alternate, starting with ``env``; every ``env`` turn equals the replay's
     observation at that point, character for character; the episode ends at the last agent turn (the
-    environment said done there, or it is the ``max_turns``-th), so there is no agent turn after the end and
-    the trajectory does not stop early; the last turn is that agent turn or the environment's answer to it.
-    The reward is then the replay's. Never raises on a malformed trajectory or an environment that fails
+    environment said done there, or it is the ``max_turns``-th), so there is no agent turn after the end; the
+    last turn is that agent turn or the environment's answer to it. The reward is then the replay's. A
+    trajectory that stops before the end (the site ran out of its token budget, ``model.max_episode_tokens``)
+    is accepted as a forfeit with reward 0. Never raises on a malformed trajectory or an environment that fails
     (``ok`` False, reason given); at most ``2 · max_turns + 1`` turns are looked at.
     """
     if len(turns) > 2 * spec.max_turns + 1:
@@ -161,9 +162,8 @@ def check_trajectory(spec: EpisodeSpec, turns: Sequence[tuple[str, str]]) -> Tra
             episode.step(text)
         except Exception as err:  # noqa: BLE001 - the environment failed on this message
             return _refuse(i, f"the environment failed on this message: {type(err).__name__}: {err}")
-    if not episode.over:
-        return _refuse(len(turns), f"missing: the episode did not end ({episode.agent_turns} agent turns, not "
-                                   f"done, max_turns = {spec.max_turns})")
+    if not episode.over:   # the site ended it early (its token budget): a forfeit, reward 0
+        return TrajectoryCheck(True, 0.0, f"ok: ended by the site after {episode.agent_turns} agent turns, not done")
     return TrajectoryCheck(True, episode.reward, "ok")
 
 

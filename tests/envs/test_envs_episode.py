@@ -132,10 +132,11 @@ def test_a_forged_ending_is_refused():
     early = trajectory(obs, messages)[:-3] + [("env", obs[-1])]
     check = check_trajectory(spec, early)
     assert not check.ok and check.reason.startswith(f"turn {len(early) - 1}: env observation differs")
-    # stopping before the end: the episode did not end
+    # stopping before the end (a site out of its token budget): accepted as a forfeit, reward 0 — never the win
     stopped = trajectory(obs, messages)[:-2]
     check = check_trajectory(spec, stopped)
-    assert not check.ok and check.reason.startswith(f"turn {len(stopped)}: missing: the episode did not end")
+    assert check.ok and check.reward == 0.0 and "not done" in check.reason
+    assert check_trajectory(spec, trajectory(obs, messages)).reward == 1.0
     # an agent turn after done
     extra = trajectory(obs, messages) + [("agent", "[1]")]
     check = check_trajectory(spec, extra)

@@ -156,7 +156,7 @@ def test_every_curated_game_plays_offline_deterministically(monkeypatch):
             for m, o in zip(messages, runs[0][0][1:], strict=False):
                 turns += [("agent", m), ("env", o)]
             check = check_trajectory(EpisodeSpec(env_id, {}, seed, 10), turns)
-            assert check.ok or "did not end" in check.reason, (env_id, check.reason)
+            assert check.ok, (env_id, check.reason)
             seen.add(tuple(runs[0][0][:3]))
         if env_id != "textarena/TowerOfHanoi-v0":  # Hanoi has no randomness
             assert len(seen) > 1, f"{env_id}: every seed played the same"
