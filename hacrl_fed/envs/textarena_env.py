@@ -36,9 +36,9 @@ TextArena's notice and may be resubmitted ``error_allowance`` times in a row; th
 game.
 
 Turn limit: the game ends at the spec's ``max_turns``-th agent message, valid or not (``Game over. No turns
-left …``, done), with the reward of the game's state then: its completion share, so 0 with ``"win"``. The game's
-own limit is set to ``max_turns`` too (its prompt states it) but never reached first: TextArena counts only
-valid moves and checks one move late.
+left …``, done), not won: reward 0 with ``"win"``, the completion share of the game's state then (at most 0.99)
+with ``"partial"``. The game's own limit is set to ``max_turns`` too (its prompt states it) but never reached
+first: TextArena counts only valid moves and checks one move late.
 
 Reward: with ``"win"`` 1.0 when the game ends won (TextArena's reward 1) and 0.0 otherwise (lost, out of
 turns, ended by invalid moves); with ``"partial"`` TextArena's final reward clipped to [0, 1]: 1 for a win, else
@@ -208,8 +208,9 @@ class TextArenaEnv:
             if done:
                 rewards, info = self._game.close()
                 raw, reason = (rewards or {}).get(0), (info or {}).get(0, {}).get("reason") or "The game ended."
-            elif self._turns >= self._max_turns:  # the episode's last message: the game ends here
-                raw, reason = self._game._get_percentage_completion(), f"No turns left ({self._max_turns} used)."
+            elif self._turns >= self._max_turns:  # the episode's last message: the game ends here, not won
+                share = self._game._get_percentage_completion() if self._reward_mode == "partial" else 0.0
+                raw, reason = min(float(share), 0.99), f"No turns left ({self._max_turns} used)."
         except Exception as err:  # noqa: BLE001 - a game bug on odd text ends the episode, deterministically
             self._done = True
             return EnvStep(f"Game over. The game could not process this message ({type(err).__name__}).", True, 0.0)
