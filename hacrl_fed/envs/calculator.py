@@ -54,7 +54,8 @@ def _problem(task: str, task_config: dict[str, Any], seed: int) -> dict[str, Any
 
     if task not in DATASETS:
         near = sorted(n for n in DATASETS if n[:3] == task[:3])
-        raise ValueError(f"reasoning-gym has no generator {task!r}" + (f" (similar: {', '.join(near)})" if near else ""))
+        similar = f" (similar: {', '.join(near)})" if near else ""
+        raise ValueError(f"reasoning-gym has no generator {task!r}{similar}")
     try:
         dataset = create_dataset(task, seed=seed, size=1, **task_config)
         item = dataset[0]

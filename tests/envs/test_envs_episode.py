@@ -48,12 +48,14 @@ def test_replay_follows_the_rule_and_is_deterministic():
 
 
 def test_an_episode_without_done_ends_at_max_turns_with_reward_zero():
-    spec = EpisodeSpec(GUESS, {"reward": "partial"}, 3, 2)
-    messages = ["[1]", "[2]"]  # valid, not the number (seed 3's number is above 2)
+    spec = EpisodeSpec("calculator", {"task": "basic_arithmetic"}, 3, 2)
+    messages = ["hmm", "<calc>1+1</calc>"]  # the calculator says done only at a boxed answer
     result = replay(spec, messages)
     assert not result.done and result.reward == 0.0 and result.agent_turns == 2
     with pytest.raises(ValueError, match="agent message 2 comes after the episode ended.*max_turns = 2"):
-        replay(spec, [*messages, "[3]"])
+        replay(spec, [*messages, "\\boxed{1}"])
+    check = check_trajectory(spec, trajectory(result.observations, messages))
+    assert check.ok and check.reward == 0.0
     won = binary_search(EpisodeSpec(GUESS, {}, 3, 8))
     with pytest.raises(ValueError, match="after the episode ended.*said done"):
         replay(EpisodeSpec(GUESS, {}, 3, 8), [*won, "[1]"])
@@ -71,14 +73,15 @@ def _until_the_end(spec: EpisodeSpec, messages: list[str]) -> list[str]:
 def test_replays_agree_across_processes():
     """Same spec and messages in a fresh interpreter (another hash seed, random seeded differently)."""
     cases = [(EpisodeSpec(GUESS, {}, 11, 6), ["[10]", "[5]", "oops", "[15]", "[12]"]),
-             (EpisodeSpec("textarena/Minesweeper-v0-small", {}, 5, 4), ["[2 2]", "[0 0]", "[4 4]", "[0 4]"]),
+             (EpisodeSpec("test/textarena/Minesweeper-v0-small", {}, 5, 4), ["[2 2]", "[0 0]", "[4 4]", "[0 4]"]),
              (EpisodeSpec("textarena/Mastermind-v0", {}, 9, 3), ["[1 2 3 4]", "[4 3 2 1]", "[5 6 1 2]"]),
              (EpisodeSpec("calculator", {"task": "basic_arithmetic"}, 4, 3), ["<calc>1/3</calc>", "\\boxed{7}"])]
     cases = [(s, _until_the_end(s, m)) for s, m in cases]
     here = [replay(s, m) for s, m in cases]
     code = (
         "import json, random, sys\nrandom.seed(99)\n"
-        "from hacrl_fed.envs import EpisodeSpec, replay\n"
+        "from hacrl_fed.envs import EpisodeSpec, register, replay, textarena_env\n"
+        "register('test/textarena/Minesweeper-v0-small', textarena_env.factory('Minesweeper-v0-small'))\n"
         "out = []\n"
         "for s, m in json.loads(sys.stdin.read()):\n"
         "    r = replay(EpisodeSpec(**s), m)\n"
@@ -101,13 +104,6 @@ def test_an_honest_trajectory_is_accepted_with_and_without_the_final_observation
     for final in (True, False):
         check = check_trajectory(spec, trajectory(obs, messages, final))
         assert check.ok and check.reward == 1.0 and check.reason == "ok"
-
-
-def test_a_truncated_episode_is_accepted_with_reward_zero():
-    spec = EpisodeSpec(GUESS, {}, 3, 2)
-    obs = replay(spec, ["[1]", "[2]"]).observations
-    check = check_trajectory(spec, trajectory(obs, ["[1]", "[2]"]))
-    assert check.ok and check.reward == 0.0
 
 
 def test_a_forged_observation_is_refused_naming_its_turn():

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from hacrl_fed.envs import EnvStep, EpisodeSpec, env_ids, make_env, register
+from hacrl_fed.envs import EnvStep, EpisodeSpec, env_ids, make_env, register, textarena_env
 
-CURATED = ["textarena/FrozenLake-v0", "textarena/GuessTheNumber-v0", "textarena/Mastermind-v0",
-           "textarena/Minesweeper-v0-small", "textarena/TowerOfHanoi-v0"]
+CURATED = ["textarena/GuessTheNumber-v0", "textarena/Mastermind-v0"]
+MORE = ["textarena/TowerOfHanoi-v0", "textarena/FrozenLake-v0", "textarena/Minesweeper-v0-small"]
 
 
 class _Dice:
@@ -33,6 +33,7 @@ if "test/dice" not in env_ids():
 
 def test_the_built_in_environments_are_registered():
     assert set(CURATED) | {"calculator"} <= set(env_ids())
+    assert not set(MORE) & set(env_ids())  # beyond a 135M-parameter model: registered only on purpose
     assert list(env_ids()) == sorted(env_ids())
 
 
@@ -47,16 +48,18 @@ def test_an_unknown_id_names_the_registered_ones():
     ("textarena/GuessTheNumber-v0", {"max_number": "20"}, "'max_number' must be an integer"),
     ("textarena/GuessTheNumber-v0", {"max_number": True}, "'max_number' must be an integer"),
     ("textarena/GuessTheNumber-v0", {"min_number": 30, "max_number": 20}, "must be below"),
-    ("textarena/GuessTheNumber-v0", {"max_turns": 5}, "unknown config key.*'max_turns'.*accepted: error_allowance, max_number, min_number, reward"),
+    ("textarena/GuessTheNumber-v0", {"max_turns": 5},
+     "unknown config key.*'max_turns'.*accepted: error_allowance, max_number, min_number, reward"),
     ("textarena/GuessTheNumber-v0", {"reward": "dense"}, "'reward' must be one of 'win', 'partial'"),
     ("textarena/GuessTheNumber-v0", {"error_allowance": 33}, r"'error_allowance' must be in 0\.\.32"),
     ("textarena/Mastermind-v0", {"code_length": 7, "num_numbers": 6}, "exceeds 'num_numbers'"),
-    ("textarena/Minesweeper-v0-small", {"rows": 3, "cols": 3, "num_mines": 1}, r"'num_mines' must be in 1\.\.0"),
-    ("textarena/TowerOfHanoi-v0", {"num_disks": 7}, r"'num_disks' must be in 1\.\.6"),
+    ("test/textarena/Minesweeper-v0-small", {"rows": 3, "cols": 3, "num_mines": 1}, r"'num_mines' must be in 1\.\.0"),
+    ("test/textarena/TowerOfHanoi-v0", {"num_disks": 7}, r"'num_disks' must be in 1\.\.6"),
     ("calculator", {}, "'task' is required"),
     ("calculator", {"task": "no_such_task"}, "no generator 'no_such_task'"),
     ("calculator", {"task": "basic_arithmetic", "task_config": {"min_terms": 0}}, "bad task_config"),
     ("calculator", {"task": "basic_arithmetic", "task_config": []}, "'task_config' must be a JSON object"),
+    ("test/textarena/FrozenLake-v0", {"size": 4, "num_holes": 6}, r"'num_holes' must be in 0\.\.5"),
     ("test/dice", {"sides": 1}, "sides must be an integer"),
 ])
 def test_a_bad_config_names_the_environment_and_the_problem(env_id, config, message):
@@ -72,6 +75,8 @@ def test_register_refuses_duplicates_bad_ids_and_non_callables():
         register("bad id", _Dice)
     with pytest.raises(TypeError, match="callable"):
         register("test/not-callable", 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown TextArena game 'Chess-v0'; curated: GuessTheNumber-v0"):
+        textarena_env.factory("Chess-v0")
     with pytest.raises(TypeError, match="EpisodeSpec"):
         make_env({"env_id": "calculator"})  # type: ignore[arg-type]
 

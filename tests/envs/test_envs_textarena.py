@@ -94,22 +94,28 @@ def _target(spec: EpisodeSpec) -> int:
     raise AssertionError("no number wins")
 
 
-def test_the_episode_limit_comes_before_the_games_own():
-    """The game's limit is the spec's max_turns (its prompt says so); TextArena checks it one move late, so the
-    episode's rule ends the game first: not done, reward 0, also with partial rewards."""
-    spec = EpisodeSpec(GUESS, {"reward": "partial"}, 0, 2)
+@pytest.mark.parametrize("mode", ["win", "partial"])
+def test_the_game_ends_at_the_last_turn_with_its_completion_share(mode):
+    """At the spec's max_turns-th message the game ends (done) with its state's reward: the completion share
+    with partial rewards (closeness of the last guess), 0 with win rewards; its prompt states the limit."""
+    spec = EpisodeSpec(GUESS, {"reward": mode}, 0, 2)
     assert "within 2 turns" in replay(spec, []).observations[0]
     number = _target(spec)
     wrong = [n for n in (10, 11, 12) if n != number][:2]
     result = replay(spec, [f"[{n}]" for n in wrong])
-    assert not result.done and result.reward == 0.0 and result.agent_turns == 2
-    assert result.observations[-1] in ("The target number is higher.", "The target number is lower.")
+    assert result.done and result.agent_turns == 2
+    assert result.reward == (pytest.approx(1 - abs(wrong[-1] - number) / 19) if mode == "partial" else 0.0)
+    hint = "higher" if number > wrong[-1] else "lower"
+    assert result.observations[-1] == f"The target number is {hint}.\nGame over. No turns left (2 used)."
+    # invalid messages count as turns too, and a game never played well earns nothing
+    nothing = replay(spec, ["no", "[0]"])
+    assert nothing.done and nothing.reward == 0.0
 
 
 def test_tower_of_hanoi_solved_in_one_message_or_seven():
     moves = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]
-    one = replay(EpisodeSpec("textarena/TowerOfHanoi-v0", {}, 0, 1), [" ".join(moves)])
-    seven = replay(EpisodeSpec("textarena/TowerOfHanoi-v0", {}, 0, 7), moves)
+    one = replay(EpisodeSpec("test/textarena/TowerOfHanoi-v0", {}, 0, 1), [" ".join(moves)])
+    seven = replay(EpisodeSpec("test/textarena/TowerOfHanoi-v0", {}, 0, 7), moves)
     assert one.done and one.reward == 1.0 and seven.done and seven.reward == 1.0
     assert "C: [3, 2, 1]" in seven.observations[-1]
 
@@ -118,7 +124,7 @@ def test_mastermind_and_frozen_lake_answer_in_plain_text():
     mm = replay(EpisodeSpec("textarena/Mastermind-v0", {}, 3, 4), ["[1 2 3 4]"])
     assert re.fullmatch(r"Submitted \[1 2 3 4\]\. Feedback: \d black peg\(s\), \d white peg\(s\)\.",
                         mm.observations[1]) or mm.done
-    fl = Episode(EpisodeSpec("textarena/FrozenLake-v0", {}, 3, 4))
+    fl = Episode(EpisodeSpec("test/textarena/FrozenLake-v0", {}, 3, 4))
     assert "Current Board:" in fl.observations[0] and " P " in fl.observations[0]
     step = fl.step("[right]")
     assert "You moved right to position (0, 1)." in step.observation or "wall" in step.observation
@@ -133,9 +139,9 @@ def test_every_curated_game_plays_offline_deterministically(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     actions = {"textarena/GuessTheNumber-v0": lambda r: f"[{r.randint(1, 20)}]",
                "textarena/Mastermind-v0": lambda r: "[" + " ".join(map(str, r.sample(range(1, 7), 4))) + "]",
-               "textarena/TowerOfHanoi-v0": lambda r: "[" + " ".join(r.sample("ABC", 2)) + "]",
-               "textarena/FrozenLake-v0": lambda r: r.choice(["[up]", "[down]", "[left]", "[right]"]),
-               "textarena/Minesweeper-v0-small": lambda r: f"[{r.randint(0, 4)} {r.randint(0, 4)}]"}
+               "test/textarena/TowerOfHanoi-v0": lambda r: "[" + " ".join(r.sample("ABC", 2)) + "]",
+               "test/textarena/FrozenLake-v0": lambda r: r.choice(["[up]", "[down]", "[left]", "[right]"]),
+               "test/textarena/Minesweeper-v0-small": lambda r: f"[{r.randint(0, 4)} {r.randint(0, 4)}]"}
     for env_id, act in actions.items():
         seen = set()
         for seed in range(6):
@@ -158,7 +164,7 @@ def test_every_curated_game_plays_offline_deterministically(monkeypatch):
             check = check_trajectory(EpisodeSpec(env_id, {}, seed, 10), turns)
             assert check.ok, (env_id, check.reason)
             seen.add(tuple(runs[0][0][:3]))
-        if env_id != "textarena/TowerOfHanoi-v0":  # Hanoi has no randomness
+        if env_id != "test/textarena/TowerOfHanoi-v0":  # Hanoi has no randomness
             assert len(seen) > 1, f"{env_id}: every seed played the same"
 
 
