@@ -34,16 +34,17 @@ MAY_IMPORT: dict[str, set[str]] = {
     "protocol": {"atomic", "v1"},
     "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
     "rollout": {"algo", "tokenization"},
-    "worker": {"algo", "atomic", "config", "data", "envs", "protocol", "reward", "rollout", "screens", "status",
-               "tiny_models", "tokenization", "v1"},
+    "checkpoints": {"atomic", "data"},
+    "worker": {"algo", "atomic", "checkpoints", "config", "data", "envs", "protocol", "reward", "rollout", "screens",
+               "status", "tiny_models", "tokenization", "v1"},
     "contributor": {"config", "protocol", "reward", "rollout", "status", "v1", "worker"},
     "route": {"atomic", "config", "data", "reward", "rollout", "worker"},
     "coordinator": {"algo", "atomic", "config", "protocol", "v1"},
     "site": {"protocol", "v1"},
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
-    "launch": {"atomic", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
-    "cli": {"atomic", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
+    "launch": {"atomic", "checkpoints", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
+    "cli": {"atomic", "checkpoints", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""

@@ -13,7 +13,7 @@ The plain template is preceded by the tokenizer's BOS token when it has one; cha
 their own BOS (Hugging Face encodes rendered chat text with ``add_special_tokens=False``).
 
 An exported model carries how it was prompted (:func:`prompt_record`, written by
-:func:`hacrl_fed.worker.checkpoint.export_hf` as :data:`PROMPT_FILE`): the template kind, the system prompt,
+:func:`hacrl_fed.checkpoints.store.export_hf` as :data:`PROMPT_FILE`): the template kind, the system prompt,
 the stop strings and an example. A model trained under the plain template is exported with
 :data:`PLAIN_CHAT_TEMPLATE` as its tokenizer's chat template, so ``apply_chat_template([system, user],
 add_generation_prompt=True)`` renders exactly the plain prompt; hacrl-fed recognises that template by its

@@ -1,9 +1,8 @@
 """``calculator``: a reasoning-gym problem solved with a calculator tool, a multi-turn tool-use task.
 
 Configuration: ``{"task": <reasoning-gym generator>, "task_config": {<its arguments>}}``. The problem is item 0
-of ``reasoning_gym.create_dataset(task, seed=spec.seed, size=1, **task_config)`` — the same generators, answer
-styles and scorers as the single-turn task suites (:mod:`hacrl_fed.data.tasks`); a generator whose scorer needs
-the item's metadata is refused, as there.
+of ``reasoning_gym.create_dataset(task, seed=spec.seed, size=1, **task_config)`` — the generators of the
+single-turn task suites (:mod:`hacrl_fed.data.tasks`).
 
 The agent's turn, one message at a time:
 
@@ -11,8 +10,8 @@ The agent's turn, one message at a time:
   (:mod:`hacrl_fed.envs.expression`: numbers, ``+ - * / // % **``, unary minus, parentheses, at most 200
   characters) and answered ``<result>VALUE</result>`` or ``<error>WHY</error>``; the episode goes on;
 * a final answer in ``\\boxed{...}`` — ends the episode (it wins over a calculator call in the same message):
-  reward 1.0 when the verifier finds it correct (:func:`hacrl_fed.reward.check_answer`: math-verify for a
-  numeric reference, the task's own scorer otherwise), else 0.0;
+  the content of the last box is scored by the generator's own scorer (``dataset.score_answer`` with the whole
+  item, metadata included: the environment re-creates it from the seed), reward 1.0 for a score of 1, else 0.0;
 * anything else — a short reminder of the two forms; the episode goes on.
 
 Deterministic: the problem depends on the task, its config and the seed only; the calculator and the verifier
@@ -22,15 +21,11 @@ are pure functions of the text.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from types import SimpleNamespace
 from typing import Any
 
-from hacrl_fed.data.tasks import answer_style_for, check_scorer
 from hacrl_fed.envs.base import EnvStep, EpisodeSpec
 from hacrl_fed.envs.expression import CalcError, evaluate, format_value
 from hacrl_fed.envs.params import check_keys, object_param, str_param
-from hacrl_fed.reward.compare import check_answer, warm_up
 
 __all__ = ["ENV_ID", "INSTRUCTION", "REMINDER", "CalculatorEnv", "make_calculator"]
 
@@ -49,7 +44,12 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _OPEN, _CLOSE = "<calc>", "</calc>"
 
 
-def _problem(task: str, task_config: dict[str, Any], seed: int) -> dict[str, Any]:
+MAX_ANSWER_CHARS = 200
+"""A final answer (the last box's content) longer than this scores 0 unread."""
+
+
+def _problem(task: str, task_config: dict[str, Any], seed: int) -> tuple[dict[str, Any], Any]:
+    """(item 0, its dataset) of ``task`` with ``task_config`` and ``seed``. Raises :class:`ValueError`."""
     from reasoning_gym.factory import DATASETS, create_dataset
 
     if task not in DATASETS:
@@ -58,18 +58,30 @@ def _problem(task: str, task_config: dict[str, Any], seed: int) -> dict[str, Any
         raise ValueError(f"reasoning-gym has no generator {task!r}{similar}")
     try:
         dataset = create_dataset(task, seed=seed, size=1, **task_config)
-        item = dataset[0]
+        return dataset[0], dataset
     except (TypeError, ValueError, AssertionError, KeyError, IndexError) as err:
         raise ValueError(f"bad task_config for {task!r}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
                          ) from None
-    check_scorer(SimpleNamespace(name=task, label=task), [item], dataset)
-    return item
 
 
-@lru_cache(maxsize=1)
-def _verifier_ready() -> None:
-    """Import math-verify once, its "timeout disabled" warning silenced (the verifier's own start-up)."""
-    warm_up()
+def last_boxed(message: str) -> str | None:
+    """The content of the last ``\\boxed{…}`` (or ``\\fbox{…}``) of ``message`` with balanced braces, None when
+    there is none or it is not closed. Linear time."""
+    found = None
+    for m in _BOXED.finditer(message):
+        i = m.end()
+        while i < len(message) and message[i] == " ":
+            i += 1
+        if i >= len(message) or message[i] != "{":
+            continue
+        depth, j = 0, i
+        while j < len(message):
+            depth += {"{": 1, "}": -1}.get(message[j], 0)
+            if depth == 0:
+                found = message[i + 1:j]
+                break
+            j += 1
+    return found
 
 
 def _calc_call(message: str) -> tuple[str | None, bool]:
@@ -92,16 +104,15 @@ class CalculatorEnv:
         task_config: its arguments (a JSON object).
         seed: the generator seed of the problem.
 
-    Raises :class:`ValueError` for an unknown generator, arguments it refuses, or a scorer that needs metadata.
+    Raises :class:`ValueError` for an unknown generator or arguments it refuses.
     """
 
     def __init__(self, task: str, task_config: dict[str, Any], seed: int) -> None:
-        item = _problem(task, task_config, seed)
-        self.question = str(item["question"]).strip()
-        self.reference = str(item["answer"]).strip()
+        self.item, self.dataset = _problem(task, task_config, seed)
+        self.question = str(self.item["question"]).strip()
+        self.reference = str(self.item["answer"]).strip()
         if not self.question or not self.reference:
             raise ValueError(f"{task!r} item of seed {seed} has an empty question or answer")
-        self.style = answer_style_for(self.reference, task)
         self._done = False
 
     def reset(self) -> str:
@@ -115,9 +126,8 @@ class CalculatorEnv:
             raise RuntimeError("the episode is over")
         if _BOXED.search(message):
             self._done = True
-            _verifier_ready()
-            verdict = check_answer(message, self.reference, self.style, self.question)
-            correct = verdict.verdict == "correct"
+            answer = last_boxed(message)
+            correct = answer is not None and len(answer) <= MAX_ANSWER_CHARS and self._score(answer.strip()) == 1.0
             return EnvStep(f"Final answer received: {'correct' if correct else 'incorrect'}.", True,
                            1.0 if correct else 0.0)
         expression, several = _calc_call(message)
@@ -130,6 +140,14 @@ class CalculatorEnv:
         if several:
             text += "\n(Only the first <calc> of a message is evaluated.)"
         return EnvStep(text, False, 0.0)
+
+
+    def _score(self, answer: str) -> float:
+        """The generator's own score of ``answer`` (0.0 when the scorer fails on it)."""
+        try:
+            return float(self.dataset.score_answer(answer, self.item))
+        except Exception:  # noqa: BLE001 - a scorer that chokes on a hostile answer scores it 0
+            return 0.0
 
 
 def make_calculator(spec: EpisodeSpec) -> CalculatorEnv:

@@ -33,7 +33,7 @@ from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
-from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, confined_path, export_hf
+from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, TrainingState, confined_path, export_hf
 from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
@@ -580,7 +580,7 @@ class AgentWorker:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory.
 
         A ``path`` must lead inside the site's directory or the checkpoint directory
-        (:func:`~hacrl_fed.worker.checkpoint.confined_path`), else the request is refused (InvalidRequestError)."""
+        (:func:`~hacrl_fed.checkpoints.store.confined_path`), else the request is refused (InvalidRequestError)."""
         if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
             raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
         export = req.kind == wpb.CheckpointRequest.EXPORT

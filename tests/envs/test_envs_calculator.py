@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hacrl_fed.envs import Episode, EpisodeSpec, check_trajectory, replay
-from hacrl_fed.envs.calculator import INSTRUCTION, REMINDER
+from hacrl_fed.envs.calculator import last_boxed, INSTRUCTION, REMINDER
 from hacrl_fed.envs.expression import MAX_EXPRESSION_CHARS, CalcError, evaluate, format_value
 
 ARITH = {"task": "basic_arithmetic", "task_config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}}
@@ -67,7 +67,6 @@ def test_the_problem_depends_on_the_seed_and_not_on_the_process_state():
 def test_a_task_whose_answer_is_not_a_number_is_scored_by_its_own_scorer():
     spec = EpisodeSpec("calculator", {"task": "spell_backward"}, 3, 2)
     env = Episode(spec)._env.inner
-    assert env.style == "task:spell_backward"
     assert replay(spec, [f"\\boxed{{{env.reference}}}"]).reward == 1.0
     assert replay(spec, [f"\\boxed{{{env.reference}x}}"]).reward == 0.0
 
@@ -126,3 +125,11 @@ def test_a_hostile_message_gets_an_error_observation_fast():
         step = episode.step(f"<calc>{expression}</calc>" + "<calc>" * 10_000)
         assert not step.done and step.observation.startswith("<error>")
     assert time.process_time() - start < 1.0
+
+
+@pytest.mark.parametrize(("message", "content"), [
+    ("\\boxed{12}", "12"), ("a \\boxed{1} then \\boxed{ {2} }", " {2} "), ("\\fbox{x}", "x"),
+    ("\\boxed {7}", "7"), ("\\boxed{open", None), ("no box", None), ("\\boxedx{3}", None),
+])
+def test_the_final_answer_is_the_last_box(message, content):
+    assert last_boxed(message) == content
