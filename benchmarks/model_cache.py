@@ -3,7 +3,7 @@
 Packaged aliases (``smollm2-135m-instruct``) are GGUF files that ``transformers`` dequantizes at every load
 (≈ 30 s on 2 CPU cores). :func:`hf_dir` loads the model once with the project's own loader
 (:func:`hacrl_fed.worker.models.load_model`, float32) and writes it with
-:func:`hacrl_fed.worker.checkpoint.export_hf` under ``<cache>/hf/<name>``; every later call returns that
+:func:`hacrl_fed.checkpoints.store.export_hf` under ``<cache>/hf/<name>``; every later call returns that
 directory, which both sides of a side-by-side benchmark load, so they start from the same tensors.
 A name that already is a directory is returned as it is.
 """
@@ -17,7 +17,7 @@ def hf_dir(name_or_path: str, cache_dir: str | Path | None = None) -> Path:
     """The Hugging Face directory for ``name_or_path`` (exported on first use). Raises ``ModelLoadError`` when
     the model cannot be loaded (e.g. the alias's package is not installed; the message says what to install)."""
     from hacrl_fed.config import ModelConfig
-    from hacrl_fed.worker.checkpoint import export_hf
+    from hacrl_fed.checkpoints.store import export_hf
     from hacrl_fed.worker.models import default_cache_dir, load_model
 
     path = Path(name_or_path).expanduser()

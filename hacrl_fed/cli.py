@@ -173,7 +173,7 @@ def worker_cmd(
         fail(_one_line(err))
     from hacrl_fed.atomic import LockedError
     from hacrl_fed.protocol.keys import KeyFileError, RosterError
-    from hacrl_fed.worker.checkpoint import CheckpointError
+    from hacrl_fed.checkpoints.store import CheckpointError
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
     from hacrl_fed.worker.service import run_worker
 

@@ -98,12 +98,33 @@ class TaskSpec(Strict):
         return self
 
 
+class EnvTaskSpec(Strict):
+    """One multi-turn environment of an ``episodes`` data source (:mod:`hacrl_fed.data.episodes`,
+    docs/multi-turn.md)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_./-]{0,127}$")]
+    """The environment's registry id (``textarena/GuessTheNumber-v0``, ``calculator`` …; ``hacrl_fed.envs``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The environment's configuration (a JSON object; checked by the environment)."""
+    weight: PositiveFloat = 1.0
+    """Share of the training episodes (weights are normalised over ``data.envs``)."""
+    label: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] | None = None
+    """The task name episodes carry (capability per task, reports); default ``name`` with ``/`` as ``-``."""
+
+    @model_validator(mode="after")
+    def _default_label(self) -> EnvTaskSpec:
+        if self.label is None:
+            self.label = self.name.replace("/", "-")[:64]
+        return self
+
+
 class DataConfig(Strict):
     """Where training and held-out problems come from."""
 
-    source: Literal["arithmetic", "file", "hf", "reasoning_gym"] = "arithmetic"
+    source: Literal["arithmetic", "file", "hf", "reasoning_gym", "episodes"] = "arithmetic"
     """``arithmetic``: the built-in seeded generator; ``file``: JSONL/parquet; ``hf``: ``datasets``;
-    ``reasoning_gym``: procedural tasks of the reasoning-gym library (``tasks``)."""
+    ``reasoning_gym``: procedural tasks of the reasoning-gym library (``tasks``); ``episodes``: multi-turn
+    environments (``envs``, docs/multi-turn.md)."""
     path: str | None = None
     """File path (``file``) or dataset name / local dataset directory (``hf``)."""
     split: str = "train"
@@ -125,6 +146,12 @@ class DataConfig(Strict):
     """``reasoning_gym``: held-out task families, evaluated before and after training, never trained on."""
     instruction: Annotated[str, Field(max_length=500)] = DEFAULT_INSTRUCTION
     """``reasoning_gym``: appended to every question (the verifier reads the answer from the last box)."""
+    envs: list[EnvTaskSpec] = Field(default_factory=list)
+    """``episodes``: the training environments, e.g. ``[{ name = "textarena/GuessTheNumber-v0" }]``."""
+    eval_envs: list[EnvTaskSpec] = Field(default_factory=list)
+    """``episodes``: held-out environments, evaluated before and after training, never trained on."""
+    max_turns: Annotated[int, Field(ge=1, le=32)] = 8
+    """``episodes``: agent turns per episode at most; an episode not done after them has reward 0."""
 
     @model_validator(mode="after")
     def _path_needed(self) -> DataConfig:
@@ -145,6 +172,18 @@ class DataConfig(Strict):
                 raise ValueError("data.num_problems must be <= 2^24 and data.eval_size <= 2^20 per task")
         elif self.tasks or self.eval_tasks:
             raise ValueError(f"data.tasks / data.eval_tasks apply to data.source = 'reasoning_gym', not {self.source!r}")
+        if self.source == "episodes":
+            if not self.envs:
+                raise ValueError("data.envs needs at least one environment when data.source = 'episodes'")
+            labels = [t.label for t in [*self.envs, *self.eval_envs]]
+            dup = sorted({x for x in labels if labels.count(x) > 1})
+            if dup:
+                raise ValueError(f"environment labels must be unique across data.envs and data.eval_envs: {dup}")
+            if self.num_problems < len(self.envs) or self.num_problems > 2**24 or self.eval_size > 2**20:
+                raise ValueError("data.num_problems must be in [number of environments, 2^24] and data.eval_size "
+                                 "<= 2^20 per environment")
+        elif self.envs or self.eval_envs:
+            raise ValueError(f"data.envs / data.eval_envs apply to data.source = 'episodes', not {self.source!r}")
         return self
 
 
@@ -203,6 +242,10 @@ class ModelConfig(Strict):
     """Prompt tokens kept (left truncation) in the learner's tokenization."""
     max_response_tokens: PositiveInt = 256
     """Response tokens kept (right truncation) when training, own and foreign rows alike."""
+    max_episode_tokens: PositiveInt = 2048
+    """Multi-turn episodes (docs/multi-turn.md): tokens after the first prompt (agent turns and the template's
+    turns between them) at most. The site ends an own episode before its next turn could pass it (reward 0); a
+    peer's episode longer than this in the learner's tokens is left out of training and counted."""
     gradient_checkpointing: bool = False
     lora_rank: NonNegInt = 0
     """LoRA rank through ``peft``; 0 = full fine-tuning."""

@@ -28,21 +28,23 @@ MAY_IMPORT: dict[str, set[str]] = {
     "algo": {"tokenization"},
     "screen_config": set(),
     "config": {"algo", "screen_config"},
-    "reward": {"config"},
-    "data": {"config", "reward"},
+    "envs": {"v1"},
+    "reward": {"config", "envs", "protocol"},
+    "data": {"config", "envs", "reward"},
     "protocol": {"atomic", "v1"},
-    "screens": {"algo", "reward", "screen_config", "v1"},
+    "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
     "rollout": {"algo", "tokenization"},
-    "worker": {"algo", "atomic", "config", "data", "protocol", "reward", "rollout", "screens", "status", "tiny_models",
-               "tokenization", "v1"},
+    "checkpoints": {"atomic", "data"},
+    "worker": {"algo", "atomic", "checkpoints", "config", "data", "envs", "protocol", "reward", "rollout", "screens",
+               "status", "tiny_models", "tokenization", "v1"},
     "contributor": {"config", "protocol", "reward", "rollout", "status", "v1", "worker"},
     "route": {"atomic", "config", "data", "reward", "rollout", "worker"},
     "coordinator": {"algo", "atomic", "config", "protocol", "v1"},
     "site": {"protocol", "v1"},
     "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
-    "launch": {"atomic", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
-    "cli": {"atomic", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
+    "launch": {"atomic", "checkpoints", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
+    "cli": {"atomic", "checkpoints", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""
@@ -51,6 +53,7 @@ ONLY_IN: dict[str, set[str]] = {
     "flwr": {"flower"},
     "grpc": {"launch", "site", "v1", "worker"},
     "typer": {"cli"},
+    "textarena": {"envs"},
 }
 """Third-party package → the only units that may import it."""
 

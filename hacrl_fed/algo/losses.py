@@ -59,7 +59,8 @@ class LossInputs:
 
     Attributes:
         token_logprobs: float [B, T], current learner log π_k (requires grad).
-        response_mask: bool [B, T], response tokens in the learner tokenization; L_k = row sum.
+        response_mask: bool [B, T], the trained response tokens in the learner tokenization (an episode row:
+            its agent turns' tokens, the glue between them left out); L_k = row sum.
         advantages: float [B], A_i (constant over the response).
         old_logprob_sum: float [B], Σ log π_old over the behaviour tokens (the source's own
             tokenization for cross rows; the learner's pre-update policy for own rows).

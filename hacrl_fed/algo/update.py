@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 RowGate = Callable[[Sequence[TrainingRow], Sequence[float]], Sequence[float]]
 """``gate(rows, content_logprob_sums) -> weights``: called once per micro-batch with its rows and the learner's
-Σ log π over each row's content tokens (nats; the response without a terminal EOS; detached, from the forward
+Σ log π over each row's content tokens (nats; the response without a terminal EOS, an episode's agent turns without
+their EOS; detached, from the forward
 the update computes anyway). Each foreign row's advantage is multiplied by its weight in [0, 1] (0: no
 gradient; the row still counts in the mini-batch mean, like a row clamped out of the cross window); own rows
 are always weight 1 (:mod:`hacrl_fed.screens`)."""
@@ -237,9 +238,9 @@ def _gate_weights(ctx: _Context, rows: list[TrainingRow], idx: list[int], logp: 
         return [1.0] * len(idx)
     with torch.no_grad():
         sums = torch.where(batch["response_mask"].bool(), logp, torch.zeros_like(logp)).sum(-1)
-        for b, i in enumerate(idx):   # content only: a terminal EOS is not part of the text
-            if rows[i].ends_with_eos:
-                sums[b] -= logp[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1]
+        for b, i in enumerate(idx):   # content only: a turn's EOS (every stopped turn of an episode) is not text
+            for p in rows[i].eos_positions:
+                sums[b] -= logp[b, int(batch["prompt_lens"][b]) + p]
     weights = list(ctx.row_gate([rows[i] for i in idx], sums.tolist()))
     if len(weights) != len(idx):
         raise ValueError(f"row_gate returned {len(weights)} weights for {len(idx)} rows")
@@ -342,11 +343,12 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], packs:
     def col(values: list[float], dtype=torch.float32) -> Tensor:
         return torch.tensor(values, dtype=dtype, device=ctx.device)
 
-    # cross rows compare content tokens: a terminal EOS excluded on the source side is masked out here
+    # cross rows compare content tokens: the EOS excluded on the source side (a single-turn row's terminal EOS,
+    # every stopped turn's EOS of an episode) is masked out here
     ratio_mask = resp.clone()
     for b, i in enumerate(idx):
-        if rows[i].ratio_excludes_eos:
-            ratio_mask[b, int(batch["prompt_lens"][b]) + int(batch["response_lens"][b]) - 1] = False
+        for p in rows[i].ratio_eos_positions:
+            ratio_mask[b, int(batch["prompt_lens"][b]) + p] = False
     source = [rows[i].ratio_source for i in idx]
     inputs = LossInputs(
         token_logprobs=logp, response_mask=resp, advantages=col([adv[i] * w for i, w in zip(idx, weights)]),
@@ -366,8 +368,9 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
                    ratio: list[float], old_tok: dict[int, Tensor] | None, mb: MiniBatch, stats: _Stats) -> None:
     """Accumulate the mini-batch gradient over micro-batches, clip it, take one optimizer step."""
     optimizer.zero_grad(set_to_none=True)
-    n_own_tokens = sum(len(rows[i].response_ids) for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
-    n_tokens = sum(len(rows[i].response_ids) for i in mb.rows if ctx.in_loss(rows[i]))
+    # trained tokens: an episode's glue between agent turns is context, not counted
+    n_own_tokens = sum(rows[i].trained_token_count for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
+    n_tokens = sum(rows[i].trained_token_count for i in mb.rows if ctx.in_loss(rows[i]))
     loss_sum = pg_sum = kl_sum = 0.0
     for idx, packs in _micro_plan(ctx, rows, mb.rows):
         inputs, tokens = _micro_inputs(ctx, rows, idx, packs, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)

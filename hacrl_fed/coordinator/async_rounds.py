@@ -42,6 +42,7 @@ from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup,
                                           restore, resume_settings, rollout_only)
 from hacrl_fed.coordinator.state import MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, save_state
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, reconcile,
+                                               refuse_replay_mismatches,
                                                train_outcome)
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.protocol.validation import AcceptedBatch
@@ -278,6 +279,11 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
                                                                              _eligible(ctx.setup, ctx.transport)}:
         item, entry.status, entry.reason = None, "rejected", "duplicate_agent"
         entry.detail = f"agent {entry.agent!r} is already node {holder.node.node_id}"
+    verification = None
+    if item is not None:   # an episode that does not replay refuses the batch (docs/multi-turn.md)
+        verification = reverify(ctx.setup.verify, [item], plan, truncated_reward=ctx.setup.truncated_reward)[item.agent]
+        if not refuse_replay_mismatches([item], {item.agent: entry}, {item.agent: verification}, plan.step):
+            item = None
     if item is None:
         site.misses += 1
         site.notice = f"your batch for plan {plan.step} was not pooled: {entry.reason}: {entry.detail}"[:500]
@@ -291,7 +297,6 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
     ctx.ids.verified([item], {item.agent: entry})
     _flush_eval_once_known(ctx)
     reconcile(entry, ctx.state.trained_steps.setdefault(item.agent, []), plan.step)
-    verification = reverify(ctx.setup.verify, [item], plan, truncated_reward=ctx.setup.truncated_reward)[item.agent]
     entry.verification = verification
     ctx.tracker.update({item.agent: verification.accuracy}, {item.agent: verification.task_accuracy})
     ctx.accuracy[item.agent] = verification.accuracy

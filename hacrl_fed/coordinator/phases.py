@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from hacrl_fed.config import SamplingConfig
 from hacrl_fed.protocol.validation import AcceptedBatch
+from hacrl_fed.protocol.episodes import EPISODE_STYLE, REPLAY_MISMATCH, verifier_item
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = [
@@ -88,10 +89,19 @@ def build_round_plan(*, run_id: str, step: int, problems: Sequence[ProblemLike],
         samples_per_prompt=samples_per_prompt,
         sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                    max_new_tokens=sampling.max_new_tokens, seed=step_seed(seed, step)),
-        prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
-                               answer_style=p.answer_style or "boxed", task=_task(p)) for p in problems],
+        prompts=[prompt_item(p) for p in problems],
         deadline_unix_s=deadline_unix_s,
     )
+
+
+def prompt_item(p: ProblemLike) -> pb.PromptItem:
+    """The plan's item of one problem; a problem with an ``episode`` (``hacrl_fed.envs.EpisodeSpec``) is an episode
+    prompt: its environment instance, style ``episode``, no text or reference answer (docs/multi-turn.md)."""
+    episode = getattr(p, "episode", None)
+    if episode is not None:
+        return pb.PromptItem(prompt_id=p.id, answer_style=EPISODE_STYLE, task=_task(p), episode=episode.to_proto())
+    return pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
+                         answer_style=p.answer_style or "boxed", task=_task(p))
 
 
 @dataclass
@@ -111,6 +121,9 @@ class AgentVerification:
     """Of those, items that still ran out of CPU time after the verifier's retry (reason ``timeout …``)."""
     task_accuracy: dict[str, float] = field(default_factory=dict)
     """Mean coordinator reward per task label of the plan's prompts (empty when the plan has no tasks)."""
+    replay_mismatches: list[str] = field(default_factory=list)
+    """``prompt_id#sample: reason`` of every episode whose replay disagrees with its trajectory (the batch is
+    then refused as a whole, :func:`hacrl_fed.coordinator.step_record.refuse_replay_mismatches`)."""
 
     @property
     def accuracy(self) -> float:
@@ -148,29 +161,33 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
     todo: list[tuple[str, int]] = []
     results: dict[str, list[tuple[float, int]]] = {}
     timeouts: dict[str, int] = {}
+    mismatches: dict[str, list[str]] = {}
     for item in accepted:
         rows = results.setdefault(item.agent, [])
         for i, r in enumerate(item.batch.rollouts):
-            if truncated_reward == "zero" and r.finish_reason == pb.LENGTH:
+            if truncated_reward == "zero" and r.finish_reason == pb.LENGTH and not r.turns:
                 rows.append((0.0, pb.INCORRECT))
             else:
                 rows.append((math.nan, pb.VERDICT_UNSPECIFIED))
                 todo.append((item.agent, i))
     by_agent = {item.agent: item.batch for item in accepted}
     if todo:
-        rollouts = [by_agent[a].rollouts[i] for a, i in todo]
-        verdicts = list(verify([r.response_text for r in rollouts],
-                               [prompts[r.prompt_id].reference_answer for r in rollouts],
-                               [prompts[r.prompt_id].answer_style or "boxed" for r in rollouts],
-                               [prompts[r.prompt_id].text for r in rollouts]))
+        items = [verifier_item(prompts[r.prompt_id], r) for r in (by_agent[a].rollouts[i] for a, i in todo)]
+        verdicts = list(verify(*(list(column) for column in zip(*items, strict=True))))
         if len(verdicts) != len(todo):
             raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
         for (agent, i), v in zip(todo, verdicts):
             if v.verdict not in _VERDICT_CODES:
                 raise ValueError(f"verifier returned unknown verdict {v.verdict!r}")
             results[agent][i] = (float(v.reward), _VERDICT_CODES[v.verdict])
-            timeouts[agent] = timeouts.get(agent, 0) + str(getattr(v, "reason", "")).startswith("timeout")
+            reason = str(getattr(v, "reason", ""))
+            timeouts[agent] = timeouts.get(agent, 0) + reason.startswith("timeout")
+            if reason.startswith(REPLAY_MISMATCH):
+                r = by_agent[agent].rollouts[i]
+                mismatches.setdefault(agent, []).append(f"{r.prompt_id}#{r.sample_index}: {reason}")
     out = {agent: _compare(agent, by_agent[agent], rows) for agent, rows in results.items()}
+    for agent, found in mismatches.items():
+        out[agent].replay_mismatches = found
     for agent, n in timeouts.items():
         out[agent].verifier_timeouts = n
     for agent, v in out.items():

@@ -45,7 +45,8 @@ from hacrl_fed.coordinator.scalars import TensorBoardLog
 from hacrl_fed.coordinator.state import (MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, load_state, restore_error,
                                          run_digest, save_state)
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request,
-                                               interrupted_record, reconcile, step_notices, step_record,
+                                               interrupted_record, reconcile, refuse_replay_mismatches, step_notices,
+                                               step_record,
                                                step_summary, train_outcome)
 from hacrl_fed.protocol.site_reply import SiteReply
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -324,6 +325,8 @@ def _run_step(setup: Setup, transport: Transport, tracker: CapabilityTracker, st
     _flush_eval(setup, state, metrics, ids)  # before this step changes the state: it is the previous step's
     t_val = clock()
     verdicts = reverify(setup.verify, accepted, plan, truncated_reward=setup.truncated_reward)
+    accepted = refuse_replay_mismatches(accepted, agents, verdicts, plan.step)
+    verdicts = {item.agent: verdicts[item.agent] for item in accepted}
     for agent, v in verdicts.items():
         agents[agent].verification = v
     t_ver = clock()

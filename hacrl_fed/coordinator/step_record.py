@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 
 from hacrl_fed.config import RunConfig
 from hacrl_fed.coordinator.intake import bounded_metrics, bounded_text
-from hacrl_fed.coordinator.phases import AgentVerification, step_seed
+from hacrl_fed.coordinator.phases import AgentVerification, prompt_item, step_seed
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
 from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, validate_envelope
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -90,6 +90,27 @@ def claimed_agent(node: Any, reply: Any) -> str:
         return str(node.name)
     reported = getattr(getattr(reply, "site", None), "agent", "") if reply is not None else ""
     return reported if isinstance(reported, str) and re.fullmatch(AGENT_NAME_PATTERN, reported) else ""
+
+
+def refuse_replay_mismatches(accepted: Sequence[AcceptedBatch], agents: Mapping[str, AgentStep],
+                             verifications: Mapping[str, Any], step: int) -> list[AcceptedBatch]:
+    """The accepted batches without those holding an episode whose replay disagrees with its trajectory
+    (``verifications[agent].replay_mismatches``, :func:`hacrl_fed.coordinator.phases.reverify`): such a batch is
+    refused as a whole, its entry set to ``rejected`` / ``replay_mismatch`` with the episodes named (logged, and
+    told to the site with its next order like any refusal)."""
+    kept = []
+    for item in accepted:
+        found = getattr(verifications.get(item.agent), "replay_mismatches", None)
+        if not found:
+            kept.append(item)
+            continue
+        entry = agents[item.agent]
+        entry.status, entry.reason = "rejected", Reason.REPLAY_MISMATCH.value
+        entry.detail = bounded_text(f"{len(found)} episode(s) do not replay: {'; '.join(found[:3])}")
+        entry.rows_rejected += entry.rows_accepted
+        entry.rows_accepted, entry.fingerprint = 0, ""
+        log.warning("step %d: %s (node %d) %s: %s", step, item.agent, entry.node_id, entry.reason, entry.detail)
+    return kept
 
 
 def collect_batches(nodes: Sequence[Any], replies: Mapping[int, Any], roster: Mapping[str, Any],
@@ -350,8 +371,7 @@ def eval_request(held_out: Sequence[Any], run: RunConfig) -> bytes:
     """Serialized EvaluateRequest: greedy (temperature 0, one sample) on the held-out problems, for this run
     (a site whose model belongs to another run refuses it)."""
     req = wpb.EvaluateRequest(
-        prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
-                               answer_style=p.answer_style or "boxed") for p in held_out],
+        prompts=[prompt_item(p) for p in held_out],
         samples=1,
         sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=run.sampling.max_new_tokens,
                                    seed=step_seed(run.seed, -1)),

@@ -394,6 +394,7 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
       ``eval_size`` held-out problems that are the same for every seed; disjoint by construction.
     * ``reasoning_gym``: procedural tasks (:func:`hacrl_fed.data.tasks.load_task_problems`): training items split
       over ``cfg.tasks`` by weight, held-out items of every task and of ``cfg.eval_tasks``; disjoint, checked.
+    * ``episodes``: environment instances (:func:`hacrl_fed.data.episodes.load_episode_problems`), seeded alike.
     * ``file`` / ``hf``: ``cfg.path`` loaded with ``cfg.answer_style``; held out are the first
       ``eval_size`` rows of ``cfg.eval_path`` if given, else ``eval_size`` rows of the source.
       Train never contains a held-out problem text.
@@ -404,6 +405,10 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
         from hacrl_fed.data.tasks import load_task_problems
 
         train, held = load_task_problems(cfg)
+    elif cfg.source == "episodes":
+        from hacrl_fed.data.episodes import load_episode_problems
+
+        train, held = load_episode_problems(cfg)
     elif cfg.source == "arithmetic":
         train, held = _arithmetic(cfg)
         if cfg.answer_style != "boxed":

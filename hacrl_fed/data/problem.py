@@ -1,8 +1,9 @@
-"""The unit of training data: one problem with its reference final answer."""
+"""The unit of training data: one problem with its reference final answer, or one episode of an environment."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["DataError", "Problem"]
 
@@ -21,6 +22,8 @@ class Problem:
         answer: reference final answer (LaTeX where the source uses it), as the verifier expects it.
         answer_style: verifier style, ``boxed`` or ``gsm8k`` (see ``hacrl_fed.reward.extract``).
         source: origin label (``arithmetic-l1``, ``gsm8k``, a verl ``data_source`` …), may be empty.
+        episode: a multi-turn environment instance (``hacrl_fed.envs.EpisodeSpec``; docs/multi-turn.md): the
+            problem is an episode (``problem`` and ``answer`` empty, ``answer_style`` ``episode``); None otherwise.
     """
 
     id: str
@@ -28,3 +31,4 @@ class Problem:
     answer: str
     answer_style: str = "boxed"
     source: str = ""
+    episode: Any = None

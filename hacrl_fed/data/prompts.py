@@ -13,7 +13,7 @@ The plain template is preceded by the tokenizer's BOS token when it has one; cha
 their own BOS (Hugging Face encodes rendered chat text with ``add_special_tokens=False``).
 
 An exported model carries how it was prompted (:func:`prompt_record`, written by
-:func:`hacrl_fed.worker.checkpoint.export_hf` as :data:`PROMPT_FILE`): the template kind, the system prompt,
+:func:`hacrl_fed.checkpoints.store.export_hf` as :data:`PROMPT_FILE`): the template kind, the system prompt,
 the stop strings and an example. A model trained under the plain template is exported with
 :data:`PLAIN_CHAT_TEMPLATE` as its tokenizer's chat template, so ``apply_chat_template([system, user],
 add_generation_prompt=True)`` renders exactly the plain prompt; hacrl-fed recognises that template by its
@@ -129,6 +129,15 @@ def response_separator(tokenizer, template: Template = "auto") -> str:
     Raises ``ValueError`` for an unknown template name.
     """
     return "" if _uses_chat_template(tokenizer, template) else " "
+
+
+def conversation_template(tokenizer, template: Template = "auto") -> str:
+    """The chat template a multi-turn episode is rendered with (docs/multi-turn.md): the tokenizer's own under a
+    chat template, :data:`PLAIN_CHAT_TEMPLATE` (``Question:`` / ``Answer:`` turns) for a plain-template model —
+    what :class:`hacrl_fed.tokenization.episodes.EpisodeTemplate` takes as ``chat_template``, with
+    :func:`response_separator` as its ``separator``. Its first prompt is :func:`render_prompt`'s.
+    Raises ``ValueError`` for an unknown template name."""
+    return tokenizer.chat_template if _uses_chat_template(tokenizer, template) else PLAIN_CHAT_TEMPLATE
 
 
 def render_prompt_text(tokenizer, problem: str, *, system_prompt: str, template: Template = "auto") -> str:

@@ -32,7 +32,7 @@ from hacrl_fed.data.problem import DataError, Problem
 if TYPE_CHECKING:
     from hacrl_fed.config import DataConfig, TaskSpec
 
-__all__ = ["TRAIN_SEED_BASE", "TRAIN_SEED_STRIDE", "answer_style_for", "check_scorer",
+__all__ = ["MAX_EVAL_ITEMS", "TRAIN_SEED_BASE", "TRAIN_SEED_STRIDE", "answer_style_for", "check_scorer",
            "generate_task", "load_task_problems", "task_counts"]
 
 TRAIN_SEED_BASE = 2**31

@@ -188,11 +188,11 @@ def check_site(cfg: ClientConfig, *, own_worker: bool = True) -> None:
 def _checkpoint_run(root: Path) -> tuple[str, int, Path] | None:
     """(run id, step, directory) of the newest checkpoint under ``root`` as its ``state.json`` says (no
     integrity check: the worker verifies when it loads), or None. The ``latest`` pointer is followed only to a
-    checkpoint inside ``root`` (:meth:`~hacrl_fed.worker.checkpoint.CheckpointManager.latest`)."""
+    checkpoint inside ``root`` (:meth:`~hacrl_fed.checkpoints.store.CheckpointManager.latest`)."""
     import json
 
     from hacrl_fed.atomic import read_bounded
-    from hacrl_fed.worker.checkpoint import MAX_META_BYTES, CheckpointManager
+    from hacrl_fed.checkpoints.store import MAX_META_BYTES, CheckpointManager
 
     newest = CheckpointManager(root).latest()
     if newest is None:

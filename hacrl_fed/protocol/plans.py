@@ -13,8 +13,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hacrl_fed.protocol.validation import BatchRejected, check_rollouts
-from hacrl_fed.v1.rollout_pb2 import PromptItem, RolloutBatch, RoundPlan
+from hacrl_fed.protocol.validation import BatchRejected, check_rollouts, plan_episodes
+from hacrl_fed.v1.rollout_pb2 import EpisodeSpec, PromptItem, RolloutBatch, RoundPlan
 
 __all__ = ["MAX_PEER_PLANS", "Catalogue", "PlanError", "PlanRows", "async_metrics", "catalogue", "check_peer_plans",
            "pool_problem"]
@@ -36,6 +36,8 @@ class PlanRows:
     """G: rollouts per prompt."""
     max_new_tokens: int | None
     """The plan's generation cap (None: no length bound)."""
+    episodes: Mapping[str, EpisodeSpec] = field(default_factory=dict)
+    """Prompt id → environment instance of the plan's episode prompts (:func:`plan_episodes`)."""
 
 
 @dataclass
@@ -110,12 +112,13 @@ def catalogue(own: Any, peer_plans: Sequence[RoundPlan] = (),
     (``hacrl_fed.worker.trainer.StepRollouts``: ``step``, ``prompts``, learner renderings ``prompt_ids``,
     ``samples_per_prompt``, ``max_new_tokens``); ``peer_prompt_ids``: the learner's rendering of every peer plan
     prompt id the own plan lacks. Raises ``ValueError`` when one a peer plan not refused needs is missing."""
-    rows = PlanRows(frozenset(own.prompt_ids), own.samples_per_prompt, own.max_new_tokens)
+    rows = PlanRows(frozenset(own.prompt_ids), own.samples_per_prompt, own.max_new_tokens,
+                    {k: q.episode for k, q in own.prompts.items() if q.HasField("episode")})
     cat = Catalogue(prompts=dict(own.prompts), prompt_ids={k: tuple(v) for k, v in own.prompt_ids.items()},
                     plans={own.step: rows}, conflicts=_conflicts(own.prompts, own.step, peer_plans))
     for p in peer_plans:
         cat.plans[p.step] = PlanRows(frozenset(q.prompt_id for q in p.prompts), p.samples_per_prompt,
-                                     p.sampling.max_new_tokens or None)
+                                     p.sampling.max_new_tokens or None, plan_episodes(p))
         if p.step in cat.conflicts:
             continue
         for q in p.prompts:
@@ -140,7 +143,8 @@ def pool_problem(batch: RolloutBatch, cat: Catalogue, pooled_steps: Collection[i
         return "duplicate batch for this step"
     plan = cat.plans[batch.step]
     try:
-        check_rollouts(batch, plan.prompt_ids, plan.samples_per_prompt, max_new_tokens=plan.max_new_tokens)
+        check_rollouts(batch, plan.prompt_ids, plan.samples_per_prompt, max_new_tokens=plan.max_new_tokens,
+                       episodes=plan.episodes)
     except BatchRejected as err:
         return f"{err.reason.value}: {err}"
     again = sorted({f"{r.prompt_id}#{r.sample_index}" for r in batch.rollouts

@@ -15,7 +15,8 @@ with a stable :class:`Reason` code (metrics key) and a one-line detail (log line
    behaviour log-prob sum ≤ 0 (± :data:`LOGPROB_TOLERANCE`) over 1..``max_new_tokens`` tokens when present, a
    response text of at most :func:`max_response_chars` characters, a known verdict and finish reason,
    a model fingerprint of at most :data:`MAX_FINGERPRINT_CHARS` printable ASCII characters, a model version
-   (when set) below the batch's step.
+   (when set) below the batch's step; an episode's rollout carries the plan's environment instance and well-formed,
+   bounded turns (``bad_trajectory``, docs/multi-turn.md).
    The behaviour log-prob is optional (presence flag, :func:`has_behaviour_logprob`): a row that has it
    must carry a finite sum ≤ 0 over ≥ 1 token (and an EOS term only as described at :func:`eos_logprob_ok`);
    a row without it carries no EOS term and a token count of 0 (unknown) .. ``max_new_tokens``.
@@ -51,10 +52,11 @@ from hacrl_fed.protocol.envelope import (
     WrongRunError,
     open_envelope,
 )
-from hacrl_fed.v1.rollout_pb2 import FinishReason, RolloutBatch, RoundPlan, Verdict
+from hacrl_fed.v1.rollout_pb2 import EpisodeSpec, FinishReason, Role, RolloutBatch, RoundPlan, Verdict
 
-__all__ = ["LOGPROB_TOLERANCE", "MAX_CHARS_PER_TOKEN", "MAX_FINGERPRINT_CHARS", "AcceptedBatch", "BatchRejected",
-           "Reason", "check_rollouts", "has_behaviour_logprob", "max_response_chars", "validate_envelope"]
+__all__ = ["LOGPROB_TOLERANCE", "MAX_CHARS_PER_TOKEN", "MAX_FINGERPRINT_CHARS", "MAX_OBSERVATION_CHARS", "AcceptedBatch",
+           "BatchRejected", "Reason", "check_rollouts", "has_behaviour_logprob", "max_response_chars", "plan_episodes",
+           "validate_envelope"]
 
 
 class Reason(enum.StrEnum):
@@ -80,6 +82,11 @@ class Reason(enum.StrEnum):
     """A model fingerprint that is too long or not printable ASCII."""
     BAD_VERSION = "bad_version"
     """A model version at or above the batch's step (weights cannot have trained the step they answer)."""
+    BAD_TRAJECTORY = "bad_trajectory"
+    """An episode's rollout whose environment instance differs from the plan's, whose turns are out of order, too
+    many or too long, or a one-shot prompt's rollout with turns (docs/multi-turn.md)."""
+    REPLAY_MISMATCH = "replay_mismatch"
+    """An episode whose replay in the coordinator's copy of the environment disagrees with the trajectory."""
     BAD_VERDICT = "bad_verdict"
     BAD_FINISH_REASON = "bad_finish_reason"
     DUPLICATE_AGENT = "duplicate_agent"
@@ -161,8 +168,59 @@ def eos_logprob_ok(r) -> bool:
             and r.behaviour_logprob_sum <= e + LOGPROB_TOLERANCE)
 
 
-def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None) -> Reason | None:
-    """The first problem of one rollout's numbers, lengths and enums, or None."""
+MAX_OBSERVATION_CHARS = 4096
+"""Characters of one environment turn of an episode (the environments cut longer observations, hacrl_fed.envs)."""
+
+
+def _turns_problem(r, spec: EpisodeSpec | None, max_new_tokens: int | None) -> str:
+    """Why one rollout's episode fields do not fit its prompt, or "": a one-shot prompt's rollout has no episode and
+    no turns; an episode's carries the plan's instance, an empty response text, turns ENV, AGENT, ENV, … with
+    1..max_turns AGENT turns (the last AGENT turn may be followed by one final ENV turn), ENV turns of at most
+    :data:`MAX_OBSERVATION_CHARS` characters without agent fields, AGENT turns of at most
+    :func:`max_response_chars` characters with a known finish reason, an EOS log-prob only on a STOPped turn of a
+    row with a behaviour sum (finite, ≤ 0, their total not below the sum), at most max_turns × ``max_new_tokens``
+    behaviour tokens, and no rollout-level EOS term."""
+    if spec is None:
+        return "turns or an episode for a one-shot prompt" if r.turns or r.HasField("episode") else ""
+    if r.episode.SerializeToString(deterministic=True) != spec.SerializeToString(deterministic=True):
+        return "its episode is not the plan's environment instance"
+    if r.response_text or r.HasField("behaviour_eos_logprob"):
+        return "an episode's response_text and behaviour_eos_logprob must be empty (turns carry them)"
+    n = len(r.turns)
+    if not 2 <= n <= 2 * spec.max_turns + 1:
+        return f"{n} turns (2..{2 * spec.max_turns + 1} for max_turns {spec.max_turns})"
+    eos_total, has_sum = 0.0, has_behaviour_logprob(r)
+    for i, t in enumerate(r.turns):
+        want = Role.ENV if i % 2 == 0 else Role.AGENT
+        if t.role != want:
+            return f"turn {i} is {Role.Name(t.role) if t.role in Role.values() else t.role}, expected {Role.Name(want)}"
+        if want == Role.ENV:
+            if len(t.text) > MAX_OBSERVATION_CHARS or t.finish_reason or t.HasField("behaviour_eos_logprob"):
+                return f"environment turn {i}: over {MAX_OBSERVATION_CHARS} characters or with agent fields"
+            continue
+        if max_new_tokens is not None and len(t.text) > max_response_chars(max_new_tokens):
+            return f"agent turn {i}: {len(t.text)} characters"
+        if t.finish_reason not in _FINISH_REASONS:
+            return f"agent turn {i}: finish reason {t.finish_reason}"
+        if t.HasField("behaviour_eos_logprob"):
+            e = t.behaviour_eos_logprob
+            if not (has_sum and t.finish_reason == FinishReason.STOP and math.isfinite(e) and e <= LOGPROB_TOLERANCE):
+                return f"agent turn {i}: an EOS log-prob {e!r} on a turn that did not stop or of a row without a sum"
+            eos_total += e
+    if has_sum and r.behaviour_logprob_sum > eos_total + LOGPROB_TOLERANCE:
+        return "the behaviour sum is above the sum of the turns' EOS log-probs it includes"
+    if max_new_tokens is not None and r.behaviour_token_count > spec.max_turns * max_new_tokens:
+        return f"{r.behaviour_token_count} behaviour tokens over {spec.max_turns} turns of {max_new_tokens}"
+    last_agent = r.turns[n - 1] if n % 2 == 0 else r.turns[n - 2]
+    if r.finish_reason != last_agent.finish_reason:
+        return "the rollout's finish reason is not its last agent turn's"
+    return ""
+
+
+def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None,
+                 episode: bool = False) -> Reason | None:
+    """The first problem of one rollout's numbers, lengths and enums, or None (``episode``: the row answers an
+    episode, whose lengths and EOS terms :func:`_turns_problem` checks)."""
     if r.sample_index >= samples_per_prompt:
         return Reason.BAD_SAMPLE_INDEX
     if not (math.isfinite(r.reward) and 0.0 <= r.reward <= 1.0):
@@ -176,9 +234,9 @@ def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None) -> Reas
             return Reason.BAD_TOKEN_COUNT
     elif r.HasField("behaviour_eos_logprob"):   # an EOS term is part of a sum the row does not have
         return Reason.BAD_LOGPROB
-    if max_new_tokens is not None and r.behaviour_token_count > max_new_tokens:
+    if not episode and max_new_tokens is not None and r.behaviour_token_count > max_new_tokens:
         return Reason.BAD_TOKEN_COUNT
-    if max_new_tokens is not None and len(r.response_text) > max_response_chars(max_new_tokens):
+    if not episode and max_new_tokens is not None and len(r.response_text) > max_response_chars(max_new_tokens):
         return Reason.TEXT_TOO_LONG
     if r.verdict not in _VERDICTS:
         return Reason.BAD_VERDICT
@@ -188,15 +246,18 @@ def _row_problem(r, samples_per_prompt: int, max_new_tokens: int | None) -> Reas
 
 
 def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per_prompt: int, *,
-                   max_new_tokens: int | None) -> None:
+                   max_new_tokens: int | None, episodes: Mapping[str, EpisodeSpec] | None = None) -> None:
     """Check a parsed batch's rollouts against the step's plan (step 7 of the module docstring).
 
     Expects exactly G = ``samples_per_prompt`` rollouts for every one of ``prompt_ids`` (the plan's
     prompts), with sample indices 0..G-1, each with 1..``max_new_tokens`` behaviour tokens and a text
     of at most :func:`max_response_chars` (``max_new_tokens``) characters (None: no length bound; the
-    coordinator and the learners always pass the plan's). Raises :class:`BatchRejected` with the first
+    coordinator and the learners always pass the plan's). ``episodes``: prompt id → the plan's environment
+    instance of every episode prompt; their rollouts are checked as trajectories (:func:`_turns_problem`,
+    ``bad_trajectory``), every other rollout must have no turns. Raises :class:`BatchRejected` with the first
     failing check's reason; the detail names up to three offending rows as ``prompt_id#sample_index``.
     """
+    episodes = episodes or {}
     rows = len(batch.rollouts)
     g = samples_per_prompt
     fingerprint = batch.model_fingerprint
@@ -212,8 +273,13 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
         raise BatchRejected(Reason.UNKNOWN_PROMPT, f"rollouts for prompt ids not in the plan: {_examples(unknown)}",
                             rows=rows)
     bad: dict[Reason, list[str]] = {}
+    trajectories = [f"{r.prompt_id}#{r.sample_index}: {why}" for r in batch.rollouts
+                    if (why := _turns_problem(r, episodes.get(r.prompt_id), max_new_tokens))]
+    if trajectories:
+        raise BatchRejected(Reason.BAD_TRAJECTORY, f"{len(trajectories)} invalid trajectory(ies): "
+                            f"{_examples(trajectories)}", rows=rows)
     for r in batch.rollouts:
-        problem = _row_problem(r, g, max_new_tokens)
+        problem = _row_problem(r, g, max_new_tokens, r.prompt_id in episodes)
         if problem is not None:
             bad.setdefault(problem, []).append(
                 f"{r.prompt_id}#{r.sample_index} (reward={r.reward!r}, "
@@ -233,6 +299,11 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
         raise BatchRejected(Reason.MISSING_SAMPLE,
                             f"{len(missing)} of {len(known) * g} rollouts missing: {_examples(missing)}",
                             rows=rows)
+
+
+def plan_episodes(plan: RoundPlan) -> dict[str, EpisodeSpec]:
+    """Prompt id → environment instance of every episode prompt of ``plan`` (empty for a one-shot plan)."""
+    return {p.prompt_id: p.episode for p in plan.prompts if p.HasField("episode")}
 
 
 def validate_envelope(
@@ -265,5 +336,5 @@ def validate_envelope(
         reason = next((code for cls, code in _ENVELOPE_REASONS if isinstance(err, cls)), Reason.MALFORMED)
         raise BatchRejected(reason, str(err), rows=owed) from None
     check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt,
-                   max_new_tokens=plan.sampling.max_new_tokens or None)
+                   max_new_tokens=plan.sampling.max_new_tokens or None, episodes=plan_episodes(plan))
     return AcceptedBatch(agent=batch.agent_id, batch=batch, envelope=bytes(raw))

@@ -38,6 +38,8 @@ from hacrl_fed.reward.extract import (
     task_of_style,
 )
 from hacrl_fed.reward.task_scorers import check_task_answer
+from hacrl_fed.protocol.episodes import EPISODE_STYLE
+from hacrl_fed.reward.episode_check import check_episode
 from hacrl_fed.reward.verdict import Verdict
 
 __all__ = ["MAX_ANSWER_CHARS", "MAX_NESTING", "REL_TOL", "check_answer", "strict_grader", "warm_up"]
@@ -195,6 +197,8 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
             number), see :mod:`hacrl_fed.reward.extract`; ``task:<name>``: the last box scored by that
             procedural task's scorer (:func:`hacrl_fed.reward.task_scorers.check_task_answer`).
         problem: the problem text, enabling the restated-problem check.
+        (style ``episode``: ``response`` is a trajectory and ``reference`` an environment instance, replayed by
+        :func:`hacrl_fed.reward.episode_check.check_episode`.)
 
     Returns a :class:`Verdict`; raises ``ValueError`` only for an unknown style. No timeout: see
     the module docstring.
@@ -206,6 +210,8 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
     >>> check_answer(r"\\boxed{\\frac{1}{2006!}}", r"\\frac{1}{2004!}").verdict
     'incorrect'
     """
+    if style == EPISODE_STYLE:  # a multi-turn episode, verified by replay (hacrl_fed.reward.episode_check)
+        return check_episode(response, reference)
     task = task_of_style(style)
     if task is not None:  # a procedural task's own scorer (hacrl_fed.reward.task_scorers)
         found = extract_final_answer(response, style)

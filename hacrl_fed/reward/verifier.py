@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hacrl_fed.reward.compare import check_answer, warm_up
+from hacrl_fed.protocol.episodes import EPISODE_STYLE
 from hacrl_fed.reward.extract import check_style
 from hacrl_fed.reward.pool import KillablePool, MapStats
 from hacrl_fed.reward.verdict import Verdict
@@ -144,7 +145,8 @@ class Verifier:
             if not isinstance(responses[i], str) or not isinstance(refs[i], str):
                 raise ValueError(f"item {i}: response and reference must be str")
             try:
-                check_style(style_list[i])
+                if style_list[i] != EPISODE_STYLE:   # an episode, replayed (hacrl_fed.reward.episode_check)
+                    check_style(style_list[i])
             except ValueError as err:
                 raise ValueError(f"item {i}: {err}") from None
         items = list(zip(responses, refs, style_list, problem_list, strict=True))

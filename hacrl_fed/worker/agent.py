@@ -24,16 +24,22 @@ from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.protocol.plans import PlanError, check_peer_plans
 from hacrl_fed.reward import Verifier
+from hacrl_fed.envs import EpisodeSpec, env_ids, make_env
+from hacrl_fed.protocol.episodes import EPISODE_STYLE
+from hacrl_fed.tokenization.episodes import EpisodeTemplate
 from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
 from hacrl_fed.atomic import DirLock
-from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, confined_path, export_hf
+from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, TrainingState, confined_path, export_hf
 from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
+from hacrl_fed.worker.episodes import (EpisodeSample, episode_metrics, episode_prompt_ids, episode_rollout,
+                                       episode_specs, episode_template_of, evaluate_episodes, is_episodic,
+                                       play_episodes)
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
@@ -132,10 +138,15 @@ def _check_prompts(prompts) -> None:
     ids = [p.prompt_id for p in prompts]
     if any(not i or len(i) > MAX_ID_CHARS for i in ids) or len(set(ids)) != len(ids):
         raise InvalidRequestError(f"prompt ids must be non-empty, unique and at most {MAX_ID_CHARS} characters")
+    if len({p.HasField("episode") for p in prompts}) > 1:
+        raise InvalidRequestError("a request mixes episodes and one-shot prompts")
     for p in prompts:
         if len(p.text) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
                                       f"{MAX_PROMPT_CHARS} are allowed")
+        if p.HasField("episode") or p.answer_style == EPISODE_STYLE:
+            _check_episode_prompt(p)
+            continue
         if not p.text.strip():
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
         if p.answer_style and not is_answer_style(p.answer_style):
@@ -143,6 +154,22 @@ def _check_prompts(prompts) -> None:
         if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
             raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
                                       f"{MAX_ID_CHARS} characters")
+
+
+def _check_episode_prompt(p) -> None:
+    """An episode prompt (docs/multi-turn.md): style ``episode``, an environment instance this site can make
+    (``hacrl_fed.envs.EpisodeSpec`` bounds, a registered environment), no text or reference answer. Raises
+    InvalidRequestError."""
+    if not p.HasField("episode") or p.answer_style != EPISODE_STYLE or p.text or p.reference_answer:
+        raise InvalidRequestError(f"prompt {p.prompt_id!r}: an episode needs answer_style {EPISODE_STYLE!r}, an "
+                                  "episode and no text or reference answer")
+    try:
+        spec = EpisodeSpec.from_proto(p.episode)
+    except ValueError as err:
+        raise InvalidRequestError(f"prompt {p.prompt_id!r}: {err}") from None
+    if spec.env_id not in env_ids():
+        raise InvalidRequestError(f"prompt {p.prompt_id!r}: environment {spec.env_id[:80]!r} is not known here "
+                                  f"(known: {', '.join(sorted(env_ids()))})")
 
 
 def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
@@ -235,7 +262,9 @@ class AgentWorker:
                                max_batch_bytes=max_batch_bytes, gradient_checkpointing=cfg.model.gradient_checkpointing,
                                response_separator=response_separator(self.tokenizer, cfg.model.chat_template),
                                rewards=rewards, autocast_dtype=self.loaded.autocast_dtype,
-                               guard=SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward))
+                               guard=SiteGuard(cfg.name, cfg.screens, truncated_reward=cfg.verifier.truncated_reward),
+                               episode_template=lambda: self.episode_template,
+                               max_episode_tokens=cfg.model.max_episode_tokens)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
         self.path_roots = [Path(site_dir), root] if site_dir else [root]
         """Where a Checkpoint request's ``path`` may lead (a relative one starts at the first)."""
@@ -275,6 +304,15 @@ class AgentWorker:
         self.status.set("idle", step=self.trainer.step)
 
     # ------------------------------------------------------------------ helpers
+
+    @property
+    def episode_template(self) -> EpisodeTemplate:
+        """How this site renders a multi-turn episode (:func:`~hacrl_fed.worker.episodes.episode_template_of`).
+        Raises InvalidRequestError for a template that cannot render one."""
+        try:
+            return episode_template_of(self.tokenizer, self.cfg.model)
+        except ValueError as err:
+            raise InvalidRequestError(f"this site cannot play episodes: {err}") from None
 
     @property
     def fingerprint(self) -> str:
@@ -322,6 +360,11 @@ class AgentWorker:
         return self._render(list(todo.values()))
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
+        if is_episodic(prompts):   # the first observation of each episode (docs/multi-turn.md)
+            try:
+                return episode_prompt_ids(self.episode_template, prompts)
+            except ValueError as err:
+                raise InvalidRequestError(f"episode: {err}") from None
         m = self.cfg.model
         literal = partial(encode_response_text, self.tokenizer)  # the plan's text never writes a turn boundary
         return {p.prompt_id: tuple(render_prompt(self.tokenizer, p.text, system_prompt=m.system_prompt,
@@ -389,10 +432,17 @@ class AgentWorker:
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
             with self.status.phase("generating", step=plan.step, rollouts=n * len(order)), self.tokens.counting():
-                samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
-                t_gen = time.perf_counter()
-                self.status.set("verifying", step=plan.step, rollouts=len(samples))
-                verdicts, verifier_counts = self._verify(plan.prompts, samples)
+                if is_episodic(plan.prompts):   # played to the end: the environment's reward is the verdict
+                    samples = play_episodes(self.engine, self.episode_template, make_env, episode_specs(plan.prompts),
+                                            n, sampling, seed, max_episode_tokens=self.cfg.model.max_episode_tokens)
+                    t_gen = time.perf_counter()
+                    verdicts = [(s.reward, pb.CORRECT if s.reward >= 1.0 else pb.INCORRECT) for s in samples]
+                    verifier_counts = episode_metrics(samples)
+                else:
+                    samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
+                    t_gen = time.perf_counter()
+                    self.status.set("verifying", step=plan.step, rollouts=len(samples))
+                    verdicts, verifier_counts = self._verify(plan.prompts, samples)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
@@ -429,6 +479,9 @@ class AgentWorker:
             sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                        max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
         for s, (reward, verdict) in zip(samples, verdicts):
+            if isinstance(s, EpisodeSample):
+                batch.rollouts.append(episode_rollout(s, plan.prompts[s.prompt_index]))
+                continue
             r = batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
                                    reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
                                    behaviour_token_count=s.token_count, finish_reason=_FINISH[s.finish_reason])
@@ -498,7 +551,9 @@ class AgentWorker:
         m = self.cfg.model
         with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(items)), \
                 self.tokens.counting():
-            results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
+            results = evaluate_episodes(
+                self.engine, self.episode_template, req.prompts, samples=k, sampling=sampling, seed=req.sampling.seed,
+                max_episode_tokens=m.max_episode_tokens) if is_episodic(req.prompts) else evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
                                      seed=req.sampling.seed, system_prompt=m.system_prompt, template=m.chat_template,
                                      max_prompt_tokens=m.max_prompt_tokens,
                                      chunk_prompts=max(1, self.engine.max_batch_sequences // k))
@@ -525,7 +580,7 @@ class AgentWorker:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory.
 
         A ``path`` must lead inside the site's directory or the checkpoint directory
-        (:func:`~hacrl_fed.worker.checkpoint.confined_path`), else the request is refused (InvalidRequestError)."""
+        (:func:`~hacrl_fed.checkpoints.store.confined_path`), else the request is refused (InvalidRequestError)."""
         if req.kind not in (wpb.CheckpointRequest.SAVE, wpb.CheckpointRequest.EXPORT):
             raise InvalidRequestError("checkpoint kind must be SAVE or EXPORT")
         export = req.kind == wpb.CheckpointRequest.EXPORT

@@ -49,7 +49,7 @@ def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_bat
     if src.gguf_file is None and src.alias is None:
         model_path = src.path
     else:
-        from hacrl_fed.worker.checkpoint import export_hf
+        from hacrl_fed.checkpoints.store import export_hf
 
         model_path = str(export_hf(loaded.model, loaded.tokenizer, Path(work_dir) / "vllm-model"))
     return VLLMRolloutEngine(loaded.model, loaded.tokenizer, settings=settings, model_path=model_path,

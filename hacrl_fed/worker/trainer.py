@@ -39,9 +39,11 @@ from hacrl_fed.protocol.plans import Catalogue, async_metrics, catalogue, check_
 from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
+from hacrl_fed.tokenization.episodes import EpisodeTemplate, foreign_episode_row
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
+from hacrl_fed.worker.episodes import EpisodeSample, own_episode_rows
 from hacrl_fed.worker.errors import PreconditionError
 
 __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
@@ -118,13 +120,18 @@ class Trainer:
         rewards: the weighted training reward (:func:`reward_terms`), computed here for every row trained,
             own and foreign; None trains on the verified accuracy alone.
         autocast_dtype: mixed precision of the update's forwards (``torch.bfloat16``), None for none.
+        episode_template: returns the learner's rendering of multi-turn episodes (docs/multi-turn.md), for peers'
+            trajectories; None: a site that cannot train on episodes (a peer episode is then an error).
+        max_episode_tokens: an episode's tokens after its first prompt, at most (``ModelConfig.max_episode_tokens``).
     """
 
     def __init__(self, agent: str, model, tokenizer, *, algo: AlgoConfig, optim: OptimConfig,
                  max_response_tokens: int, roster: Mapping, ref_model=None,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, gradient_checkpointing: bool = False,
                  response_separator: str | None = None, rewards: WeightedRewards | None = None,
-                 autocast_dtype=None, guard: SiteGuard | None = None) -> None:
+                 autocast_dtype=None, guard: SiteGuard | None = None,
+                 episode_template: Callable[[], EpisodeTemplate] | None = None,
+                 max_episode_tokens: int = 2048) -> None:
         self.agent = agent
         self.model = model
         self.tokenizer = tokenizer
@@ -139,6 +146,8 @@ class Trainer:
         self.guard = guard
         self.rewards = rewards
         self.autocast_dtype = autocast_dtype
+        self.episode_template = episode_template
+        self.max_episode_tokens = max_episode_tokens
         if optim.needs_schedule_steps and optim.schedule_steps is None:
             raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
                              "optim.schedule_steps: set it to the coordinator's run.steps")
@@ -308,6 +317,8 @@ class Trainer:
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, cat.prompts, rewards)
+        if any(r.turns for rollouts in foreign.values() for r in rollouts):
+            return foreign   # episodes: replayed above; the text screens read one-shot responses only
         return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in cat.prompts.items()}, rewards,
                                  {pid: p.text for pid, p in cat.prompts.items()})
 
@@ -339,15 +350,19 @@ class Trainer:
         Rows left without a response token are
         dropped and counted; so are foreign rows cut by ``max_response_tokens`` in the learner's tokens
         (their source sum covers text the learner view lacks: no consistent ratio), per source."""
+        episodes = {key: s for key, s in own.samples.items() if isinstance(s, EpisodeSample)}
         own_rows = [
             own_row(prompt_id=pid, sample_index=idx, agent=self.agent, prompt_ids=own.prompt_ids[pid],
                     response_ids=s.response_ids, reward=rewards[(self.agent, pid, idx)],
                     behaviour_logprob_sum=s.logprob_sum, finish_reason=s.finish_reason,
                     max_response_tokens=self.max_response_tokens, behaviour_token_logprobs=s.token_logprobs)
-            for (pid, idx), s in own.samples.items()
-        ]
-        rows = build_rows(self.tokenizer, cat.prompt_ids, own_rows, foreign, self.max_response_tokens,
+            for (pid, idx), s in own.samples.items() if (pid, idx) not in episodes
+        ] + own_episode_rows(episodes, {k: rewards[(self.agent, *k)] for k in episodes}, self.agent,
+                             self.max_episode_tokens)
+        rows = build_rows(self.tokenizer, cat.prompt_ids, own_rows,
+                          {a: [r for r in rs if not r.turns] for a, rs in foreign.items()}, self.max_response_tokens,
                           rewards=rewards, separator=self.response_separator)
+        rows += self._foreign_episode_rows(foreign, rewards)
         kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
         cut: dict[str, int] = {src: 0 for src in foreign}
         for r in kept:
@@ -355,6 +370,17 @@ class Trainer:
                 cut[r.source_agent] += 1
         usable = [r for r in kept if r.is_own or not r.truncated]
         return usable, len(rows) - len(kept), cut
+
+    def _foreign_episode_rows(self, foreign: Mapping[str, list], rewards: Mapping) -> list[TrainingRow]:
+        """Peers' episodes re-rendered in the learner's template (docs/multi-turn.md), sources in sorted order."""
+        todo = [(a, r) for a in sorted(foreign) for r in foreign[a] if r.turns]
+        if not todo:
+            return []
+        if self.episode_template is None:
+            raise ValueError("peer episodes reached a learner without an episode template")
+        template = self.episode_template()
+        return [foreign_episode_row(template, r, a, self.max_episode_tokens,
+                                    reward=rewards.get((a, r.prompt_id, r.sample_index))) for a, r in todo]
 
     def _ratios(self, table: pb.CapabilityTable, sources: list[str], rejected: list[str]) -> dict[str, float]:
         """r_{j→k} for every foreign source j with a usable capability (1 during warm-up), from the

@@ -12,7 +12,7 @@ import torch
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
-from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState, export_hf
+from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, TrainingState, export_hf
 
 KINDS = {"alice": "tiny-llama-bpe", "bob": "tiny-gemma-unigram"}
 

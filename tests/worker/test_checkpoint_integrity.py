@@ -16,7 +16,7 @@ import torch
 
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
-from hacrl_fed.worker.checkpoint import CheckpointError, CheckpointManager, TrainingState
+from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, TrainingState
 from hacrl_fed.worker.models import model_fingerprint
 
 
@@ -131,7 +131,7 @@ def test_a_checkpoint_with_an_unusable_screen_state_is_named_and_the_previous_on
     previous checkpoint resumes (issue 25, D8)."""
     from pathlib import Path
 
-    from hacrl_fed.worker.checkpoint import _meta_digest
+    from hacrl_fed.checkpoints.store import _meta_digest
 
     make_plan, make_table = plans
     sites = make_sites({"alice": "tiny-llama-bpe"})

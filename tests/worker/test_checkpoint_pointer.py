@@ -11,7 +11,7 @@ import os
 import pytest
 
 from hacrl_fed.launch.client_cmd import _checkpoint_run
-from hacrl_fed.worker.checkpoint import CheckpointManager
+from hacrl_fed.checkpoints.store import CheckpointManager
 
 
 def _fake(root, step, run_id):
@@ -66,7 +66,7 @@ def test_a_plain_pointer_inside_is_followed_without_a_warning(dirs, caplog):
 
 
 def test_a_checkpoint_file_that_is_a_link_is_refused(load_tiny, tmp_path):
-    from hacrl_fed.worker.checkpoint import CheckpointError, TrainingState
+    from hacrl_fed.checkpoints.store import CheckpointError, TrainingState
 
     lm = load_tiny("tiny-llama-bpe")
     mgr = CheckpointManager(tmp_path / "ck")

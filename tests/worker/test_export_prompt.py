@@ -17,7 +17,7 @@ from hacrl_fed.data.prompts import PROMPT_FILE, prompt_record, render_prompt, re
 from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling, eos_token_ids
 from hacrl_fed.tokenization.retokenize import decode_text
 from hacrl_fed.v1 import worker_pb2 as wpb
-from hacrl_fed.worker.checkpoint import export_hf
+from hacrl_fed.checkpoints.store import export_hf
 
 SYSTEM = "Add the numbers. End with \\boxed{N}."
 PROBLEMS = ["What is 7 + 5?", "Compute 17 * 4, then add 5 to the result."]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hacrl_fed.worker.checkpoint import confined_path
+from hacrl_fed.checkpoints.store import confined_path
 
 
 @pytest.fixture
