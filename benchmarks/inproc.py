@@ -36,7 +36,7 @@ from hacrl_fed.algo.capability import CapabilityTracker
 from hacrl_fed.config import AgentConfig, SimulateConfig
 from hacrl_fed.data.datasets import load_problems
 from hacrl_fed.data.sampler import PromptSampler
-from hacrl_fed.coordinator.phases import build_round_plan, capability_table, reverify, step_seed
+from hacrl_fed.coordinator.phases import build_round_plan, capability_table, prompt_item, reverify, step_seed
 from hacrl_fed.coordinator.rounds import rollout_only
 from hacrl_fed.protocol.keys import Roster, generate_identity, update_roster
 from hacrl_fed.protocol.validation import BatchRejected, validate_envelope
@@ -244,8 +244,7 @@ class Federation:
         """Greedy avg@1 per problem: agent → {problem id: correct}; ``agents`` default: the learners."""
         run = self.cfg.run
         req = wpb.EvaluateRequest(
-            prompts=[pb.PromptItem(prompt_id=p.id, text=p.problem, reference_answer=p.answer,
-                                   answer_style=p.answer_style or "boxed") for p in problems],
+            prompts=[prompt_item(p) for p in problems],   # an episode's instance, or the problem's text
             samples=1, sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                                   max_new_tokens=max_new_tokens or run.sampling.max_new_tokens,
                                                   seed=step_seed(run.seed, -1)))
@@ -259,12 +258,15 @@ class Federation:
                           ) -> dict[str, dict[str, str]]:
         """Greedy, one response per problem, with why it failed: agent → {problem id: ``correct`` | ``truncated``
         (cut at the token limit) | ``no_answer`` (nothing stated) | ``wrong_answer`` (a stated, wrong answer) |
-        ``verifier_error``}. The same generation and verification as :meth:`evaluate` (the worker's engine and
+        ``verifier_error``}; episodes (docs/multi-turn.md): ``correct`` (won) or ``lost``. The same generation and verification as :meth:`evaluate` (the worker's engine and
         verifier, the run's seed), so ``outcome == "correct"`` agrees with it problem for problem."""
         from hacrl_fed.rollout.engine import Sampling
         from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
 
         run = self.cfg.run
+        if any(getattr(p, "episode", None) is not None for p in problems):   # episodes: won, or not (no text)
+            won = self.evaluate(problems, agents=agents)
+            return {n: {pid: "correct" if ok else "lost" for pid, ok in per.items()} for n, per in won.items()}
         items = [EvalItem(p.id, p.problem, p.answer, p.answer_style or "boxed") for p in problems]
         out = {}
         for n in agents or self.learners:

@@ -72,7 +72,8 @@ LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive
 ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"}}
 """Recipes that are a preset with options; every other recipe is the preset of its name."""
 PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml",
-         "tasks": "tasks.toml", "tiny-tasks": "tiny_tasks.toml"}
+         "tasks": "tasks.toml", "tiny-tasks": "tiny_tasks.toml", "episodes": "episodes.toml",
+         "tiny-episodes": "tiny_episodes.toml"}
 EVAL_SETS = ("held_out", "words")
 SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
               "words": ("Other wording", "other wording", "other wording"),
