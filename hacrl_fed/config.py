@@ -118,6 +118,14 @@ class EnvTaskSpec(Strict):
         return self
 
 
+def _unique_labels(specs: list, what: str, where: str, hint: str = "") -> None:
+    """Raise ``ValueError`` naming the labels that ``specs`` (tasks or environments) give more than once."""
+    labels = [t.label for t in specs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"{what} must be unique across {where}: {dup}{hint}")
+
+
 class DataConfig(Strict):
     """Where training and held-out problems come from."""
 
@@ -160,11 +168,8 @@ class DataConfig(Strict):
         if self.source == "reasoning_gym":
             if not self.tasks:
                 raise ValueError("data.tasks needs at least one task when data.source = 'reasoning_gym'")
-            labels = [t.label for t in [*self.tasks, *self.eval_tasks]]
-            dup = sorted({x for x in labels if labels.count(x) > 1})
-            if dup:
-                raise ValueError(f"task labels must be unique across data.tasks and data.eval_tasks: {dup} "
-                                 "(give entries of one generator a label each)")
+            _unique_labels([*self.tasks, *self.eval_tasks], "task labels", "data.tasks and data.eval_tasks",
+                           " (give entries of one generator a label each)")
             if self.num_problems < len(self.tasks):
                 raise ValueError(f"data.num_problems ({self.num_problems}) is below the number of tasks "
                                  f"({len(self.tasks)})")
@@ -175,10 +180,7 @@ class DataConfig(Strict):
         if self.source == "episodes":
             if not self.envs:
                 raise ValueError("data.envs needs at least one environment when data.source = 'episodes'")
-            labels = [t.label for t in [*self.envs, *self.eval_envs]]
-            dup = sorted({x for x in labels if labels.count(x) > 1})
-            if dup:
-                raise ValueError(f"environment labels must be unique across data.envs and data.eval_envs: {dup}")
+            _unique_labels([*self.envs, *self.eval_envs], "environment labels", "data.envs and data.eval_envs")
             if self.num_problems < len(self.envs) or self.num_problems > 2**24 or self.eval_size > 2**20:
                 raise ValueError("data.num_problems must be in [number of environments, 2^24] and data.eval_size "
                                  "<= 2^20 per environment")
