@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from hacrl_fed.config import SamplingConfig
 from hacrl_fed.protocol.validation import AcceptedBatch
-from hacrl_fed.protocol.episodes import EPISODE_STYLE, REPLAY_MISMATCH, verifier_item
+from hacrl_fed.protocol.episodes import EPISODE_STYLE, REPLAY_MISMATCH, verifier_columns, zeroed_unverified
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = [
@@ -165,15 +165,14 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
     for item in accepted:
         rows = results.setdefault(item.agent, [])
         for i, r in enumerate(item.batch.rollouts):
-            if truncated_reward == "zero" and r.finish_reason == pb.LENGTH and not r.turns:
+            if zeroed_unverified(r, truncated_reward == "zero"):
                 rows.append((0.0, pb.INCORRECT))
             else:
                 rows.append((math.nan, pb.VERDICT_UNSPECIFIED))
                 todo.append((item.agent, i))
     by_agent = {item.agent: item.batch for item in accepted}
     if todo:
-        items = [verifier_item(prompts[r.prompt_id], r) for r in (by_agent[a].rollouts[i] for a, i in todo)]
-        verdicts = list(verify(*(list(column) for column in zip(*items, strict=True))))
+        verdicts = list(verify(*verifier_columns(prompts, [by_agent[a].rollouts[i] for a, i in todo])))
         if len(verdicts) != len(todo):
             raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
         for (agent, i), v in zip(todo, verdicts):

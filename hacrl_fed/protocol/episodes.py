@@ -12,16 +12,19 @@ pool under a CPU-time limit like any answer check. An episode travels as two tex
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["EPISODE_STYLE", "REPLAY_MISMATCH", "episode_reference", "trajectory_response", "verifier_item"]
+from hacrl_fed.v1.rollout_pb2 import AGENT, ENV, LENGTH
+
+__all__ = ["EPISODE_STYLE", "REPLAY_MISMATCH", "episode_reference", "trajectory_response", "verifier_columns",
+           "verifier_item", "zeroed_unverified"]
 
 EPISODE_STYLE = "episode"
 """The answer style of an episode prompt (``PromptItem.answer_style``)."""
 REPLAY_MISMATCH = "replay_mismatch"
 """Prefix of the verdict reason of a trajectory its replay does not reproduce."""
-_ROLES = {1: "env", 2: "agent"}   # hacrl_fed.v1.Role: ENV = 1, AGENT = 2
+_ROLES = {ENV: "env", AGENT: "agent"}
 
 
 def episode_reference(spec: Any) -> str:
@@ -35,6 +38,20 @@ def trajectory_response(turns: Sequence[Any]) -> str:
     of an unknown role is written as ``"?"`` (the replay refuses it)."""
     return json.dumps([[_ROLES.get(int(t.role), "?"), t.text] for t in turns], separators=(",", ":"),
                       ensure_ascii=False)
+
+
+def zeroed_unverified(rollout: Any, truncated_zero: bool) -> bool:
+    """The rollout gets reward 0 without being verified: a one-shot response cut at ``max_new_tokens`` when
+    truncated responses are zeroed (``VerifierConfig.truncated_reward = "zero"``); an episode is always replayed
+    (its last turn's cut says nothing of how the episode ended)."""
+    return truncated_zero and rollout.finish_reason == LENGTH and not rollout.turns
+
+
+def verifier_columns(prompts: Mapping[str, Any], rollouts: Sequence[Any]) -> list[list[str]]:
+    """The verifier's four argument lists ``[responses, references, styles, problems]`` for ``rollouts``
+    (:func:`verifier_item` of each, against ``prompts``: prompt id → ``PromptItem``); four empty lists for none."""
+    items = [verifier_item(prompts[r.prompt_id], r) for r in rollouts]
+    return [list(column) for column in zip(*items, strict=True)] if items else [[], [], [], []]
 
 
 def verifier_item(prompt: Any, rollout: Any) -> tuple[str, str, str, str]:

@@ -113,12 +113,12 @@ def catalogue(own: Any, peer_plans: Sequence[RoundPlan] = (),
     ``samples_per_prompt``, ``max_new_tokens``); ``peer_prompt_ids``: the learner's rendering of every peer plan
     prompt id the own plan lacks. Raises ``ValueError`` when one a peer plan not refused needs is missing."""
     rows = PlanRows(frozenset(own.prompt_ids), own.samples_per_prompt, own.max_new_tokens,
-                    {k: q.episode for k, q in own.prompts.items() if q.HasField("episode")})
+                    plan_episodes(own.prompts.values()))
     cat = Catalogue(prompts=dict(own.prompts), prompt_ids={k: tuple(v) for k, v in own.prompt_ids.items()},
                     plans={own.step: rows}, conflicts=_conflicts(own.prompts, own.step, peer_plans))
     for p in peer_plans:
         cat.plans[p.step] = PlanRows(frozenset(q.prompt_id for q in p.prompts), p.samples_per_prompt,
-                                     p.sampling.max_new_tokens or None, plan_episodes(p))
+                                     p.sampling.max_new_tokens or None, plan_episodes(p.prompts))
         if p.step in cat.conflicts:
             continue
         for q in p.prompts:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -52,7 +52,7 @@ from hacrl_fed.protocol.envelope import (
     WrongRunError,
     open_envelope,
 )
-from hacrl_fed.v1.rollout_pb2 import EpisodeSpec, FinishReason, Role, RolloutBatch, RoundPlan, Verdict
+from hacrl_fed.v1.rollout_pb2 import EpisodeSpec, FinishReason, PromptItem, Role, RolloutBatch, RoundPlan, Verdict
 
 __all__ = ["LOGPROB_TOLERANCE", "MAX_CHARS_PER_TOKEN", "MAX_FINGERPRINT_CHARS", "MAX_OBSERVATION_CHARS", "AcceptedBatch",
            "BatchRejected", "Reason", "check_rollouts", "has_behaviour_logprob", "max_response_chars", "plan_episodes",
@@ -301,9 +301,10 @@ def check_rollouts(batch: RolloutBatch, prompt_ids: Collection[str], samples_per
                             rows=rows)
 
 
-def plan_episodes(plan: RoundPlan) -> dict[str, EpisodeSpec]:
-    """Prompt id → environment instance of every episode prompt of ``plan`` (empty for a one-shot plan)."""
-    return {p.prompt_id: p.episode for p in plan.prompts if p.HasField("episode")}
+def plan_episodes(prompts: Iterable[PromptItem]) -> dict[str, EpisodeSpec]:
+    """Prompt id → environment instance of every episode prompt among a plan's ``prompts`` (empty for a one-shot
+    plan)."""
+    return {p.prompt_id: p.episode for p in prompts if p.HasField("episode")}
 
 
 def validate_envelope(
@@ -336,5 +337,5 @@ def validate_envelope(
         reason = next((code for cls, code in _ENVELOPE_REASONS if isinstance(err, cls)), Reason.MALFORMED)
         raise BatchRejected(reason, str(err), rows=owed) from None
     check_rollouts(batch, [p.prompt_id for p in plan.prompts], plan.samples_per_prompt,
-                   max_new_tokens=plan.sampling.max_new_tokens or None, episodes=plan_episodes(plan))
+                   max_new_tokens=plan.sampling.max_new_tokens or None, episodes=plan_episodes(plan.prompts))
     return AcceptedBatch(agent=batch.agent_id, batch=batch, envelope=bytes(raw))

@@ -41,7 +41,7 @@ from hacrl_fed.screens.rules import (
     step_flagged,
     tail_decision,
 )
-from hacrl_fed.protocol.episodes import verifier_item
+from hacrl_fed.protocol.episodes import verifier_columns, zeroed_unverified
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout", "rewrite_rollout"]
@@ -204,9 +204,8 @@ class SiteGuard:
                 log.warning("step %d: the plan's reference answers are missing here: foreign rows not re-verified",
                             self.step)
             return
-        todo = [(s, r) for s, r in rows if r.turns or not (self.truncated_zero and r.finish_reason == pb.LENGTH)]
-        items = [verifier_item(references[r.prompt_id], r) for _, r in todo]   # an episode: replayed
-        verdicts = list(self.verify(*(list(c) for c in zip(*items, strict=True)))) if todo else []
+        todo = [(s, r) for s, r in rows if not zeroed_unverified(r, self.truncated_zero)]
+        verdicts = list(self.verify(*verifier_columns(references, [r for _, r in todo]))) if todo else []
         if len(verdicts) != len(todo):
             raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
         mine: dict[RowKey, tuple[float, bool]] = {(s, r.prompt_id, r.sample_index): (0.0, False) for s, r in rows}
