@@ -12,6 +12,7 @@ reproduce: the coordinator refuses such a batch as a whole (``Reason.REPLAY_MISM
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from hacrl_fed.protocol.episodes import REPLAY_MISMATCH
@@ -32,8 +33,8 @@ def _parse(response: str, reference: str) -> tuple[Any, list[tuple[str, str]]] |
         return "episode text too long"
     try:
         ref, turns = json.loads(reference), json.loads(response)
-        config = json.loads(ref["config_json"])
-        spec = EpisodeSpec(env_id=ref["env_id"], config=config, seed=ref["seed"], max_turns=ref["max_turns"])
+        spec = EpisodeSpec.from_proto(SimpleNamespace(**{k: ref[k] for k in ("env_id", "config_json", "seed",
+                                                                            "max_turns")}))
     except (ValueError, TypeError, KeyError) as err:
         return f"unreadable episode: {type(err).__name__}: {str(err)[:200]}"
     if not (isinstance(turns, list) and all(isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t)
