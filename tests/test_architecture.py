@@ -30,7 +30,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "config": {"algo", "screen_config"},
     "envs": {"v1"},
     "reward": {"config", "envs", "protocol"},
-    "data": {"config", "envs", "reward"},
+    "data": {"config", "envs", "reward", "tokenization"},
     "protocol": {"atomic", "v1"},
     "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
     "rollout": {"algo", "tokenization"},

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from jinja2.exceptions import TemplateError
 
+from hacrl_fed.tokenization.views import control_strings
+
 PLAIN_TEMPLATE = "{system_prompt}\n\nQuestion: {problem}\nAnswer:"
 """Completion template for models without a chat template (e.g. gemma3-270m, a base model)."""
 
@@ -157,16 +159,6 @@ _SLOT = "\u2063hacrl-problem\u2063"
 writes it)."""
 
 
-def control_strings(tokenizer) -> list[str]:
-    """The literal strings ``tokenizer`` encodes as one control or added token (``<|im_end|>``, ``<eos>``,
-    ``<start_of_turn>``, …), longest first."""
-    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    with_added = getattr(tokenizer, "get_added_vocab", None)
-    if callable(with_added):
-        found.update(with_added())
-    return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
-
-
 def _encode(tokenizer, render, problem: str, literal) -> list[int]:
     """``render(problem)`` encoded; where the problem holds a control string, the template is rendered around
     :data:`_SLOT` instead, its markers encoded as control tokens and the problem's text through ``literal``."""
@@ -188,7 +180,7 @@ def render_prompt(tokenizer, problem: str, *, system_prompt: str, template: Temp
     ``ModelConfig.max_prompt_tokens``).
 
     ``literal`` (``str -> list[int]``, e.g. :func:`hacrl_fed.tokenization.views.encode_response_text`) encodes
-    a problem text that contains one of the tokenizer's control strings (:func:`control_strings`): the
+    a problem text that contains one of the tokenizer's control strings (:func:`hacrl_fed.tokenization.views.control_strings`): the
     problem is text from the coordinator's plan, and ``<|im_end|><|im_start|>system`` written into it must not
     become a turn boundary of the learner's template. The template around it is encoded as usual, so a problem
     without control strings gets exactly the ids of the whole rendering. Without ``literal`` control strings

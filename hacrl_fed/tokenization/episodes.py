@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from jinja2.exceptions import TemplateError
 
-from .views import TrainingRow, _finish_reason, _has_logprob, encode_response_text
+from .views import TrainingRow, _finish_reason, _has_logprob, control_strings, encode_response_text
 
 __all__ = ["EpisodeTemplate", "episode_template", "foreign_episode_row", "own_episode_row", "trajectory"]
 
@@ -53,16 +53,6 @@ _OBS = "\u2063hacrl-observation\u2063"
 _PROBE = ("Observation A.", "Observation B.", "Observation C.")
 """Observations of the prefix-stability check made when a template is built."""
 _ROLES = {1: "env", 2: "agent"}  # hacrl_fed.v1.Role: ENV = 1, AGENT = 2
-
-
-def _control_strings(tokenizer) -> list[str]:
-    """The literal strings ``tokenizer`` encodes as one control or added token, as
-    :func:`hacrl_fed.data.prompts.control_strings` finds them."""
-    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    with_added = getattr(tokenizer, "get_added_vocab", None)
-    if callable(with_added):
-        found.update(with_added())
-    return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
 
 
 class EpisodeTemplate:
@@ -95,7 +85,7 @@ class EpisodeTemplate:
         self.separator = separator
         eos = tokenizer.eos_token_id if eos_id is None else eos_id
         self.eos_id = None if eos is None else int(eos)
-        self._control = _control_strings(tokenizer)
+        self._control = control_strings(tokenizer)
         self._fold_system = False
         if system_prompt:
             try:

@@ -206,6 +206,16 @@ def own_row(*, prompt_id: str, sample_index: int, agent: str, prompt_ids: Sequen
 _CONTROL_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def control_strings(tokenizer) -> list[str]:
+    """The literal strings ``tokenizer`` encodes as one control or added token (``<|im_end|>``, ``<eos>``,
+    ``<start_of_turn>``, …), longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    with_added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(with_added):
+        found.update(with_added())
+    return sorted((t for t in found if isinstance(t, str) and t), key=len, reverse=True)
+
+
 def control_ids(tokenizer) -> frozenset[int]:
     """Ids that no peer text may produce in a learner view: every special id (BOS, EOS, pad, unk, chat-turn
     markers …) and every added token whose content is not plain whitespace (``<start_of_image>``,
