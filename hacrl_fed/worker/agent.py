@@ -480,7 +480,7 @@ class AgentWorker:
                                        max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
         for s, (reward, verdict) in zip(samples, verdicts):
             if isinstance(s, EpisodeSample):
-                batch.rollouts.append(episode_rollout(s, plan.prompts[s.prompt_index]))
+                batch.rollouts.append(episode_rollout(s, plan.prompts[s.prompt_index], reward, verdict))
                 continue
             r = batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
                                    reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
@@ -551,12 +551,15 @@ class AgentWorker:
         m = self.cfg.model
         with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(items)), \
                 self.tokens.counting():
-            results = evaluate_episodes(
-                self.engine, self.episode_template, req.prompts, samples=k, sampling=sampling, seed=req.sampling.seed,
-                max_episode_tokens=m.max_episode_tokens) if is_episodic(req.prompts) else evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k, sampling=sampling,
-                                     seed=req.sampling.seed, system_prompt=m.system_prompt, template=m.chat_template,
-                                     max_prompt_tokens=m.max_prompt_tokens,
-                                     chunk_prompts=max(1, self.engine.max_batch_sequences // k))
+            if is_episodic(req.prompts):   # one episode per sample, won or not (docs/multi-turn.md)
+                results = evaluate_episodes(self.engine, self.episode_template, req.prompts, samples=k,
+                                            sampling=sampling, seed=req.sampling.seed,
+                                            max_episode_tokens=m.max_episode_tokens)
+            else:
+                results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k,
+                                         sampling=sampling, seed=req.sampling.seed, system_prompt=m.system_prompt,
+                                         template=m.chat_template, max_prompt_tokens=m.max_prompt_tokens,
+                                         chunk_prompts=max(1, self.engine.max_batch_sequences // k))
         resp = wpb.EvaluateResponse(metrics=summarize(results))
         log.info("held-out evaluation %s: %s",
                  "before training" if self.trainer.step == 0 else f"after step {self.trainer.step}",

@@ -115,23 +115,29 @@ def play_episodes(engine: Any, renderer: EpisodeRenderer, make_env: Callable[[An
     Raises ``ValueError`` from an environment that refuses its instance.
     """
     episodes: list[tuple[EpisodeSample, Any, int]] = []
+    rendered: dict[str, tuple[int, ...]] = {}   # first observation → its prompt ids (the n episodes of an instance)
     for pi, spec in enumerate(specs):
         for si in range(n):
             env = make_env(spec)
             first = env.reset()
-            ep = EpisodeSample(pi, si, tuple(renderer.prompt_ids(first)), turns=[("env", first)])
-            episodes.append((ep, env, int(spec.max_turns)))
+            if first not in rendered:
+                rendered[first] = tuple(renderer.prompt_ids(first))
+            episodes.append((EpisodeSample(pi, si, rendered[first], turns=[("env", first)]), env, int(spec.max_turns)))
     budget = max_episode_tokens - int(sampling.max_new_tokens)
     for turn in range(max((m for _, _, m in episodes), default=0)):
-        running = [(ep, env, m) for ep, env, m in episodes if not ep.done and not ep.cut_by_context
-                   and len(ep.turn_samples) < m]
-        for ep, _, _ in running:
-            if len(ep.context) - len(ep.prompt_ids) > budget:
+        running, contexts = [], []
+        for ep, env, max_turns in episodes:
+            if ep.done or ep.cut_by_context or len(ep.turn_samples) >= max_turns:
+                continue
+            context = ep.context
+            if len(context) - len(ep.prompt_ids) > budget:
                 ep.cut_by_context = True
-        running = [e for e in running if not e[0].cut_by_context]
+                continue
+            running.append((ep, env, max_turns))
+            contexts.append(context)
         if not running:
             break
-        samples = engine.generate([ep.context for ep, _, _ in running], 1, sampling, turn_seed(seed, turn))
+        samples = engine.generate(contexts, 1, sampling, turn_seed(seed, turn))
         for (ep, env, max_turns), sample in zip(running, samples, strict=True):
             _advance(ep, env, max_turns, sample, renderer)
     return [ep for ep, _, _ in episodes]
@@ -154,12 +160,13 @@ def _advance(ep: EpisodeSample, env: Any, max_turns: int, sample: GeneratedSampl
     ep.glue.append(tuple(renderer.glue_ids(seen, result.observation, turn_stopped=sample.finish_reason == "stop")))
 
 
-def episode_rollout(ep: EpisodeSample, prompt: pb.PromptItem) -> pb.Rollout:
+def episode_rollout(ep: EpisodeSample, prompt: pb.PromptItem, reward: float, verdict: int) -> pb.Rollout:
     """The wire rollout of one episode (docs/multi-turn.md): the plan's instance, every turn, the behaviour sum
-    and count over the agent turns' tokens, per-turn finish reasons and EOS log-probs, the episode's reward."""
-    r = pb.Rollout(prompt_id=prompt.prompt_id, sample_index=ep.sample_index, reward=ep.reward,
-                   verdict=pb.CORRECT if ep.reward >= 1.0 else pb.INCORRECT, behaviour_logprob_sum=ep.logprob_sum,
-                   behaviour_token_count=ep.token_count, finish_reason=_FINISH[ep.finish_reason])
+    and count over the agent turns' tokens, per-turn finish reasons and EOS log-probs, and the site's ``reward``
+    and ``verdict`` (``hacrl_fed.v1.Verdict``) of the episode."""
+    r = pb.Rollout(prompt_id=prompt.prompt_id, sample_index=ep.sample_index, reward=reward, verdict=verdict,
+                   behaviour_logprob_sum=ep.logprob_sum, behaviour_token_count=ep.token_count,
+                   finish_reason=_FINISH[ep.finish_reason])
     r.episode.CopyFrom(prompt.episode)
     agent_turns = iter(ep.turn_samples)
     for role, text in ep.turns:
