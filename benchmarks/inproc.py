@@ -242,17 +242,27 @@ class Federation:
     def evaluate(self, problems: Sequence[Any], *, max_new_tokens: int | None = None,
                  agents: Sequence[str] | None = None) -> dict[str, dict[str, bool]]:
         """Greedy avg@1 per problem: agent → {problem id: correct}; ``agents`` default: the learners."""
+        results = self._evaluate(problems, max_new_tokens=max_new_tokens, agents=agents)
+        return {n: {r.prompt_id: r.correct > 0 for r in res} for n, res in results.items()}
+
+    def evaluate_rewards(self, problems: Sequence[Any], *, agents: Sequence[str] | None = None
+                         ) -> dict[str, dict[str, float]]:
+        """Episodes (docs/multi-turn.md): one greedy episode per instance, agent → {problem id: its reward in
+        [0, 1]} (1 = won; a partial reward counts how close a lost episode came). Same episodes as
+        :meth:`evaluate`, so ``reward >= 1`` agrees with its ``correct`` problem for problem."""
+        results = self._evaluate(problems, agents=agents)
+        return {n: {r.prompt_id: r.reward_sum / max(r.total, 1) for r in res} for n, res in results.items()}
+
+    def _evaluate(self, problems: Sequence[Any], *, max_new_tokens: int | None = None,
+                  agents: Sequence[str] | None = None) -> dict[str, Any]:
+        """Each agent's greedy ``EvaluateResult`` list (one sample per problem)."""
         run = self.cfg.run
         req = wpb.EvaluateRequest(
             prompts=[prompt_item(p) for p in problems],   # an episode's instance, or the problem's text
             samples=1, sampling=pb.SamplingParams(temperature=0.0, top_p=1.0, top_k=0,
                                                   max_new_tokens=max_new_tokens or run.sampling.max_new_tokens,
                                                   seed=step_seed(run.seed, -1)))
-        out = {}
-        for n in agents or self.learners:
-            resp = self.workers[n].evaluate(req)
-            out[n] = {r.prompt_id: r.correct > 0 for r in resp.results}
-        return out
+        return {n: list(self.workers[n].evaluate(req).results) for n in agents or self.learners}
 
     def evaluate_outcomes(self, problems: Sequence[Any], *, agents: Sequence[str] | None = None
                           ) -> dict[str, dict[str, str]]:

@@ -101,8 +101,24 @@ def label(recipe: str) -> str:
 
 
 def is_correct(value) -> bool:
-    """A per-problem entry of a cell: ``True``/``False`` (arithmetic cells) or an outcome string (task cells)."""
-    return value is True or value == "correct"
+    """A per-problem entry of a cell: ``True``/``False`` (arithmetic cells), an outcome string (task cells) or an
+    episode's reward in [0, 1] (episode cells: won at 1)."""
+    return value is True or value == "correct" or (isinstance(value, float) and value >= 1.0)
+
+
+def reward_of(value) -> float:
+    """An episode cell's entry, its reward in [0, 1] (a partial reward counts how close a lost episode came)."""
+    return float(value)
+
+
+def has_rewards(entries: dict) -> bool:
+    """Whether a ``{problem id: entry}`` map holds episode rewards (floats), so a mean reward can be reported."""
+    return bool(entries) and all(isinstance(v, float) for v in entries.values())
+
+
+def mean_reward(entries: dict) -> float:
+    """Mean episode reward of a ``{problem id: reward}`` map (nan when empty)."""
+    return statistics.fmean(entries.values()) if entries else float("nan")
 
 
 def accuracy(correct: dict, only: set[str] | None = None) -> float:
@@ -199,9 +215,10 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
 
 
 def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str, *,
-                    reps: int = 2000, seed: int = 0, only: set[str] | None = None) -> tuple[float, float, float]:
+                    reps: int = 2000, seed: int = 0, only: set[str] | None = None,
+                    value=is_correct) -> tuple[float, float, float]:
     """Mean and 95 % bootstrap interval of accuracy(a) − accuracy(b), paired by seed and problem (over the
-    problems in ``only`` when given).
+    problems in ``only`` when given); ``value=reward_of`` compares the mean episode reward instead.
 
     Seeds present in both and problems present in both are paired; the bootstrap resamples seeds, then
     problems (two-level), so both the training randomness and the problem sample count. Returns
@@ -216,7 +233,7 @@ def paired_interval(cells_a: list[dict], cells_b: list[dict], agent: str, eval_s
     problems = sorted(common & only if only else common)
     if not problems:
         return float("nan"), float("nan"), float("nan")
-    diff = {s: [float(is_correct(by_a[s][p])) - float(is_correct(by_b[s][p])) for p in problems] for s in seeds}
+    diff = {s: [float(value(by_a[s][p])) - float(value(by_b[s][p])) for p in problems] for s in seeds}
     mean = statistics.fmean(x for s in seeds for x in diff[s])
     rng = random.Random(seed)
     boots = []
@@ -332,6 +349,8 @@ def summarize(out: Path) -> dict:
     by = {r: sorted((c for c in cells if c["recipe"] == r), key=lambda c: c["seed"]) for r in recipes}
     summary: dict = {"meta": meta, "before": {a: {e: accuracy(before["agents"][a][e]) for e in sets} for a in agents},
                      "recipes": {}}
+    if all(has_rewards(before["agents"][a][e]) for a in agents for e in sets):   # episodes
+        summary["before_reward"] = {a: {e: mean_reward(before["agents"][a][e]) for e in sets} for a in agents}
     if task_names:
         summary["before_tasks"] = {a: {t: accuracy({**before["agents"][a].get("held_out", {}),
                                                      **before["agents"][a].get("families", {})},
@@ -355,6 +374,12 @@ def summarize(out: Path) -> dict:
                 if base_recipe(r) != r and base_recipe(r) in by:
                     ag[e]["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
                     ag[e]["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)
+                if all(has_rewards(c["after"][a][e]) for c in by[r]):
+                    xs = [mean_reward(c["after"][a][e]) for c in by[r]]
+                    ag[e]["reward"] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1
+                                       else 0.0, "n": len(xs), "per_seed": xs}
+                    if r != "gspo" and "gspo" in by:
+                        ag[e]["reward"]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e, value=reward_of)
                 kinds = [gain_kinds(before["agents"][a][e], c["after"][a][e]) for c in by[r]]
                 if all(kinds):
                     ag[e]["gains"] = {k: statistics.fmean(x[k] for x in kinds) for k in kinds[0]}
@@ -429,6 +454,30 @@ def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
         lines.append(f"| {label(r)} − {label(b)} | " + " | ".join(
             _ci(rec["agents"][a][e]["vs"][b]) for a in agents for e in sets) + " |")
     return lines + [""]
+
+
+def _reward_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """Episode cells: the mean reward of the held-out episodes (a win is 1, a lost episode its partial reward),
+    which moves before the win rate does; empty for other cells."""
+    if "before_reward" not in summary:
+        return []
+    lines = []
+    for e in eval_sets_of(summary["meta"]):
+        lines += [f"## Mean episode reward, {SET_TITLES[e][1]}", "",
+                  "Greedy, one episode per instance: a win is 1, a lost episode scores its partial reward; mean over "
+                  "instances, ×100, mean ± std over seeds; Δ vs GSPO paired by seed and instance.", "",
+                  "| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
+                  "|---|---|" + "---|---|" * len(agents),
+                  "| before training | – | " + " | ".join(
+                      f"{100 * summary['before_reward'][a][e]:.1f} | " for a in agents) + " |"]
+        for r, rec in summary["recipes"].items():
+            cells = []
+            for a in agents:
+                s = rec["agents"][a][e].get("reward")
+                cells += ["–", "—"] if s is None else [_pm(s), _ci(s.get("vs_gspo"))]
+            lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _pct(x) -> str:
@@ -614,6 +663,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
                 cells += [_pm(s), _ci(s.get("vs_gspo"))]
             lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _reward_markdown(summary, agents)
     lines += _pairwise_markdown(summary, agents)
     lines += _contrib_markdown(summary, agents)
     lines += _tasks_markdown(summary, agents)
@@ -809,6 +859,9 @@ def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, st
             eval_sets = {k: v for k, v in eval_sets.items() if v}
             evaluate = fed.evaluate_outcomes
             meta["tasks"] = {p.id: p.source for p in fed.held_out}
+        elif cfg.run.data.source == "episodes":   # each held-out game's reward: won at 1, else how close it came
+            eval_sets = {"held_out": list(fed.held_out)}
+            evaluate = fed.evaluate_rewards
         else:
             eval_sets = {"held_out": list(fed.held_out)}
             try:

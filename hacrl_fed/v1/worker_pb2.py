@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hacrl_fed.v1 import rollout_pb2 as hacrl__fed_dot_v1_dot_rollout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19hacrl_fed/v1/worker.proto\x12\x0chacrl_fed.v1\x1a\x1ahacrl_fed/v1/rollout.proto\"H\n\x0fGenerateRequest\x12%\n\x04plan\x18\x01 \x01(\x0b\x32\x17.hacrl_fed.v1.RoundPlan\x12\x0e\n\x06notice\x18\x02 \x01(\t\"\xb0\x01\n\x10GenerateResponse\x12.\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x1c.hacrl_fed.v1.SignedEnvelope\x12<\n\x07metrics\x18\x02 \x03(\x0b\x32+.hacrl_fed.v1.GenerateResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc3\x02\n\x0cTrainRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12/\n\tenvelopes\x18\x03 \x03(\x0b\x32\x1c.hacrl_fed.v1.SignedEnvelope\x12\x33\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x1d.hacrl_fed.v1.CapabilityTable\x12%\n\x04plan\x18\x05 \x01(\x0b\x32\x17.hacrl_fed.v1.RoundPlan\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x06 \x01(\x01\x12\x1d\n\x10\x63heckpoint_every\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06notice\x18\x08 \x01(\t\x12+\n\npeer_plans\x18\t \x03(\x0b\x32\x17.hacrl_fed.v1.RoundPlanB\x13\n\x11_checkpoint_every\"\x8d\x01\n\x0f\x45valuateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.hacrl_fed.v1.PromptItem\x12\x0f\n\x07samples\x18\x02 \x01(\r\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\x12\x0e\n\x06run_id\x18\x04 \x01(\t\"C\n\x0e\x45valuateResult\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\"\xaf\x01\n\x10\x45valuateResponse\x12<\n\x07metrics\x18\x01 \x03(\x0b\x32+.hacrl_fed.v1.EvaluateResponse.MetricsEntry\x12-\n\x07results\x18\x02 \x03(\x0b\x32\x1c.hacrl_fed.v1.EvaluateResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x0f\n\rHealthRequest\"\x8a\x01\n\x0eHealthResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\"\x89\x01\n\x11\x43heckpointRequest\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.hacrl_fed.v1.CheckpointRequest.Kind\x12\x0c\n\x04path\x18\x02 \x01(\t\"2\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04SAVE\x10\x01\x12\n\n\x06\x45XPORT\x10\x02\"0\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x32\xf9\x02\n\x0b\x41gentWorker\x12I\n\x08Generate\x12\x1d.hacrl_fed.v1.GenerateRequest\x1a\x1e.hacrl_fed.v1.GenerateResponse\x12>\n\x05Train\x12\x1a.hacrl_fed.v1.TrainRequest\x1a\x19.hacrl_fed.v1.TrainReport\x12I\n\x08\x45valuate\x12\x1d.hacrl_fed.v1.EvaluateRequest\x1a\x1e.hacrl_fed.v1.EvaluateResponse\x12\x43\n\x06Health\x12\x1b.hacrl_fed.v1.HealthRequest\x1a\x1c.hacrl_fed.v1.HealthResponse\x12O\n\nCheckpoint\x12\x1f.hacrl_fed.v1.CheckpointRequest\x1a .hacrl_fed.v1.CheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19hacrl_fed/v1/worker.proto\x12\x0chacrl_fed.v1\x1a\x1ahacrl_fed/v1/rollout.proto\"H\n\x0fGenerateRequest\x12%\n\x04plan\x18\x01 \x01(\x0b\x32\x17.hacrl_fed.v1.RoundPlan\x12\x0e\n\x06notice\x18\x02 \x01(\t\"\xb0\x01\n\x10GenerateResponse\x12.\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x1c.hacrl_fed.v1.SignedEnvelope\x12<\n\x07metrics\x18\x02 \x03(\x0b\x32+.hacrl_fed.v1.GenerateResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc3\x02\n\x0cTrainRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12/\n\tenvelopes\x18\x03 \x03(\x0b\x32\x1c.hacrl_fed.v1.SignedEnvelope\x12\x33\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x1d.hacrl_fed.v1.CapabilityTable\x12%\n\x04plan\x18\x05 \x01(\x0b\x32\x17.hacrl_fed.v1.RoundPlan\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x06 \x01(\x01\x12\x1d\n\x10\x63heckpoint_every\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06notice\x18\x08 \x01(\t\x12+\n\npeer_plans\x18\t \x03(\x0b\x32\x17.hacrl_fed.v1.RoundPlanB\x13\n\x11_checkpoint_every\"\x8d\x01\n\x0f\x45valuateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.hacrl_fed.v1.PromptItem\x12\x0f\n\x07samples\x18\x02 \x01(\r\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.hacrl_fed.v1.SamplingParams\x12\x0e\n\x06run_id\x18\x04 \x01(\t\"W\n\x0e\x45valuateResult\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\x12\x12\n\nreward_sum\x18\x04 \x01(\x01\"\xaf\x01\n\x10\x45valuateResponse\x12<\n\x07metrics\x18\x01 \x03(\x0b\x32+.hacrl_fed.v1.EvaluateResponse.MetricsEntry\x12-\n\x07results\x18\x02 \x03(\x0b\x32\x1c.hacrl_fed.v1.EvaluateResult\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x0f\n\rHealthRequest\"\x8a\x01\n\x0eHealthResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\"\x89\x01\n\x11\x43heckpointRequest\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.hacrl_fed.v1.CheckpointRequest.Kind\x12\x0c\n\x04path\x18\x02 \x01(\t\"2\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x08\n\x04SAVE\x10\x01\x12\n\n\x06\x45XPORT\x10\x02\"0\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x32\xf9\x02\n\x0b\x41gentWorker\x12I\n\x08Generate\x12\x1d.hacrl_fed.v1.GenerateRequest\x1a\x1e.hacrl_fed.v1.GenerateResponse\x12>\n\x05Train\x12\x1a.hacrl_fed.v1.TrainRequest\x1a\x19.hacrl_fed.v1.TrainReport\x12I\n\x08\x45valuate\x12\x1d.hacrl_fed.v1.EvaluateRequest\x1a\x1e.hacrl_fed.v1.EvaluateResponse\x12\x43\n\x06Health\x12\x1b.hacrl_fed.v1.HealthRequest\x1a\x1c.hacrl_fed.v1.HealthResponse\x12O\n\nCheckpoint\x12\x1f.hacrl_fed.v1.CheckpointRequest\x1a .hacrl_fed.v1.CheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,21 +47,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVALUATEREQUEST']._serialized_start=651
   _globals['_EVALUATEREQUEST']._serialized_end=792
   _globals['_EVALUATERESULT']._serialized_start=794
-  _globals['_EVALUATERESULT']._serialized_end=861
-  _globals['_EVALUATERESPONSE']._serialized_start=864
-  _globals['_EVALUATERESPONSE']._serialized_end=1039
+  _globals['_EVALUATERESULT']._serialized_end=881
+  _globals['_EVALUATERESPONSE']._serialized_start=884
+  _globals['_EVALUATERESPONSE']._serialized_end=1059
   _globals['_EVALUATERESPONSE_METRICSENTRY']._serialized_start=276
   _globals['_EVALUATERESPONSE_METRICSENTRY']._serialized_end=322
-  _globals['_HEALTHREQUEST']._serialized_start=1041
-  _globals['_HEALTHREQUEST']._serialized_end=1056
-  _globals['_HEALTHRESPONSE']._serialized_start=1059
-  _globals['_HEALTHRESPONSE']._serialized_end=1197
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1200
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1337
-  _globals['_CHECKPOINTREQUEST_KIND']._serialized_start=1287
-  _globals['_CHECKPOINTREQUEST_KIND']._serialized_end=1337
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1339
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1387
-  _globals['_AGENTWORKER']._serialized_start=1390
-  _globals['_AGENTWORKER']._serialized_end=1767
+  _globals['_HEALTHREQUEST']._serialized_start=1061
+  _globals['_HEALTHREQUEST']._serialized_end=1076
+  _globals['_HEALTHRESPONSE']._serialized_start=1079
+  _globals['_HEALTHRESPONSE']._serialized_end=1217
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1220
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1357
+  _globals['_CHECKPOINTREQUEST_KIND']._serialized_start=1307
+  _globals['_CHECKPOINTREQUEST_KIND']._serialized_end=1357
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1359
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1407
+  _globals['_AGENTWORKER']._serialized_start=1410
+  _globals['_AGENTWORKER']._serialized_end=1787
 # @@protoc_insertion_point(module_scope)

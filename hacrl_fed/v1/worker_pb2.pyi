@@ -66,14 +66,16 @@ class EvaluateRequest(_message.Message):
     def __init__(self, prompts: _Optional[_Iterable[_Union[_rollout_pb2.PromptItem, _Mapping]]] = ..., samples: _Optional[int] = ..., sampling: _Optional[_Union[_rollout_pb2.SamplingParams, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class EvaluateResult(_message.Message):
-    __slots__ = ("prompt_id", "correct", "total")
+    __slots__ = ("prompt_id", "correct", "total", "reward_sum")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REWARD_SUM_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     correct: int
     total: int
-    def __init__(self, prompt_id: _Optional[str] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+    reward_sum: float
+    def __init__(self, prompt_id: _Optional[str] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ..., reward_sum: _Optional[float] = ...) -> None: ...
 
 class EvaluateResponse(_message.Message):
     __slots__ = ("metrics", "results")

@@ -565,7 +565,7 @@ class AgentWorker:
                  "before training" if self.trainer.step == 0 else f"after step {self.trainer.step}",
                  " ".join(f"{k}={v:.3f}" for k, v in sorted(resp.metrics.items())))
         for r in results:
-            resp.results.add(prompt_id=r.prompt_id, correct=r.correct, total=r.total)
+            resp.results.add(prompt_id=r.prompt_id, correct=r.correct, total=r.total, reward_sum=sum(r.rewards))
         return resp
 
     def health(self) -> wpb.HealthResponse:

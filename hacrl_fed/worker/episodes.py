@@ -234,7 +234,8 @@ def evaluate_episodes(engine: Any, template: EpisodeTemplate, prompts: Sequence[
                       sampling: Any, seed: int, max_episode_tokens: int) -> list[ProblemResult]:
     """Held-out evaluation of episode prompts: ``samples`` episodes each (greedy at temperature 0); an episode
     counts as correct at reward 1. One :class:`~hacrl_fed.worker.evaluate.ProblemResult` per prompt (its
-    responses: the agent turns; ``response_tokens``: agent tokens of the episode)."""
+    responses: the agent turns; ``response_tokens``: agent tokens of the episode; ``rewards``: each episode's
+    reward, by the episode rule of :mod:`hacrl_fed.envs`)."""
     played = play_episodes(engine, template, make_env, episode_specs(prompts), samples, sampling, seed,
                            max_episode_tokens=max_episode_tokens)
     out = [ProblemResult(p.prompt_id, "", "", 0, samples) for p in prompts]
@@ -246,4 +247,5 @@ def evaluate_episodes(engine: Any, template: EpisodeTemplate, prompts: Sequence[
         r.reasons.append("done" if ep.done else "context" if ep.cut_by_context else "turns")
         r.finish_reasons.append(ep.finish_reason)
         r.response_tokens.append(ep.token_count)
+        r.rewards.append(ep.reward)
     return out

@@ -63,6 +63,7 @@ class ProblemResult:
     reasons: list[str] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     response_tokens: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)   # episodes: each sample's reward in [0, 1]; else empty
 
 
 def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, samples: int, sampling: Any,
@@ -110,7 +111,9 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
 
 def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
     """``avg@n``, ``pass@j`` (j = 1, 2, 4, … ≤ n, and n), ``problems``, ``verifier_error_frac``,
-    ``length_frac`` (responses cut at max_new_tokens), ``response_tokens_mean``.
+    ``length_frac`` (responses cut at max_new_tokens), ``response_tokens_mean``; for episodes also
+    ``reward_mean``, the mean of every sample's reward (a partial reward counts how close a lost episode came,
+    docs/multi-turn.md).
 
     All results must have the same ``total`` n; raises ``ValueError`` otherwise. Empty input ⇒ ``{}``.
     """
@@ -132,6 +135,9 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
         out["length_frac"] = sum(f == "length" for f in finishes) / len(finishes)
     if tokens:
         out["response_tokens_mean"] = sum(tokens) / len(tokens)
+    rewards = [x for r in results for x in r.rewards]
+    if rewards:
+        out["reward_mean"] = sum(rewards) / len(rewards)
     return out
 
 

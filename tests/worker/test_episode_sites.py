@@ -4,10 +4,11 @@ and each learner trains on the other's episodes re-rendered in its own template 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hacrl_fed.coordinator.phases import reverify
-from hacrl_fed.envs import EpisodeSpec, check_trajectory, turns_from_proto
+from hacrl_fed.envs import EpisodeSpec, check_trajectory, make_env, turns_from_proto
 from hacrl_fed.protocol.validation import AcceptedBatch, validate_envelope
 from hacrl_fed.protocol.keys import Roster
 from hacrl_fed.screen_config import ScreenConfig
@@ -79,3 +80,45 @@ def test_an_episode_evaluation_counts_episodes_won(make_sites):
                                               sampling=pb.SamplingParams(temperature=0.0, max_new_tokens=6)))
     assert resp.metrics["problems"] == 3 and 0.0 <= resp.metrics["avg@1"] <= 1.0
     assert [r.prompt_id for r in resp.results] == [p.prompt_id for p in plan.prompts]
+
+
+class _AlwaysTen:
+    """A scripted engine: every agent turn is ``[10]`` followed by EOS (the worker's real evaluation path runs
+    around it)."""
+
+    def __init__(self, tokenizer, max_batch_sequences: int):
+        self.tokenizer, self.max_batch_sequences = tokenizer, max_batch_sequences
+
+    def generate(self, contexts, n, sampling, seed):
+        from hacrl_fed.rollout.engine import GeneratedSample
+
+        ids = (*self.tokenizer("[10]", add_special_tokens=False).input_ids, self.tokenizer.eos_token_id)
+        return [GeneratedSample(i, 0, tuple(c), ids, "[10]", "stop", -0.5 * len(ids), len(ids), (-0.5,) * len(ids))
+                for i, c in enumerate(contexts)]
+
+
+def test_an_episode_evaluation_reports_each_episodes_reward(make_sites):
+    """Partial rewards (docs/multi-turn.md): each result's ``reward_sum`` is the reward of the episode the
+    environment gives the same moves, a win counts as correct, and ``reward_mean`` is their mean."""
+    sites = make_sites({"alice": "tiny-llama-bpe"}, model_kw={"max_episode_tokens": 256})
+    alice = sites.start("alice")
+    alice.engine = _AlwaysTen(alice.tokenizer, alice.engine.max_batch_sequences)
+    specs = [EpisodeSpec(GUESS, {"reward": "partial"}, seed, 3) for seed in range(8)]
+    prompts = [pb.PromptItem(prompt_id=f"guess-{s.seed}", answer_style="episode", task="guess", episode=s.to_proto())
+               for s in specs]
+    resp = alice.evaluate(wpb.EvaluateRequest(prompts=prompts, samples=1, run_id="run-a",
+                                              sampling=pb.SamplingParams(temperature=0.0, max_new_tokens=6)))
+    expected = []
+    for spec in specs:   # the same three moves, played on a fresh copy of the environment
+        env = make_env(spec)
+        env.reset()
+        for _ in range(spec.max_turns):
+            step = env.step("[10]")
+            if step.done:
+                break
+        expected.append(step.reward if step.done else 0.0)
+    got = [r.reward_sum for r in resp.results]
+    assert got == pytest.approx(expected) and [r.correct for r in resp.results] == [int(x >= 1) for x in expected]
+    assert any(0.0 < x < 1.0 for x in expected)   # lost games earn how close they came, not 0
+    assert resp.metrics["reward_mean"] == pytest.approx(sum(expected) / len(expected))
+    assert resp.metrics["avg@1"] == pytest.approx(sum(x >= 1 for x in expected) / len(expected))

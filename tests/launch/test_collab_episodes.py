@@ -1,0 +1,62 @@
+"""The collaboration benchmark on episodes (docs/multi-turn.md): each held-out game's reward is kept per instance,
+the win rate is the share at reward 1, and the mean reward (partial rewards of lost games included) is reported
+with a paired interval against GSPO."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from run_collab import accuracy, paired_interval, reward_of, summarize  # noqa: E402
+
+AGENTS = ("a", "b")
+
+
+def _cell(recipe: str, seed: int, rewards: list[float]) -> dict:
+    entries = {f"guess-{i}": x for i, x in enumerate(rewards)}
+    step = {"peers": {}, "generate_s": 1.0, "train_s": 1.0}
+    return {"recipe": recipe, "seed": seed, "steps": 1, "train_s": 2.0, "eval_s": 1.0,
+            "after": {a: {"held_out": dict(entries)} for a in AGENTS},
+            "per_step": {a: [dict(step)] for a in AGENTS}}
+
+
+def test_episode_cells_give_the_win_rate_and_the_mean_reward_with_paired_intervals(tmp_path):
+    out = tmp_path / "collab"
+    (out / "cells").mkdir(parents=True)
+    meta = {"command": "run_collab.py --pair episodes", "pair": "episodes", "steps": 1, "seeds": 2,
+            "prompts_per_step": 2, "samples_per_prompt": 2, "eval_size": 4, "models": {a: a for a in AGENTS},
+            "eval_sets": ["held_out"]}
+    (out / "meta.json").write_text(json.dumps(meta))
+    before = [0.0, 0.2, 0.4, 1.0]
+    (out / "before.json").write_text(json.dumps({"agents": {a: {"held_out": {f"guess-{i}": x for i, x in
+                                                                              enumerate(before)}} for a in AGENTS}}))
+    cells = {("gspo", 0): [0.0, 0.3, 0.5, 1.0], ("gspo", 1): [0.1, 0.3, 0.5, 0.9],
+             ("hacpo_cross_family", 0): [0.5, 0.6, 1.0, 1.0], ("hacpo_cross_family", 1): [0.4, 0.6, 0.8, 1.0]}
+    for (recipe, seed), rewards in cells.items():
+        (out / "cells" / f"{recipe}-s{seed}.json").write_text(json.dumps(_cell(recipe, seed, rewards)))
+    summary = summarize(out)
+
+    assert summary["before"]["a"]["held_out"] == 0.25                      # one game of four won
+    assert summary["before_reward"]["a"]["held_out"] == pytest.approx(0.4)
+    hcf = summary["recipes"]["hacpo_cross_family"]["agents"]["a"]["held_out"]
+    assert hcf["per_seed"] == [0.5, 0.25]                                  # won: reward 1, not 0.9
+    assert hcf["reward"]["per_seed"] == pytest.approx([0.775, 0.7])
+    mean, low, high = hcf["reward"]["vs_gspo"]
+    assert mean == pytest.approx((0.775 + 0.7 - 0.45 - 0.45) / 2) and low <= mean <= high
+    assert "reward" in summary["recipes"]["gspo"]["agents"]["b"]["held_out"]
+    md = (out / "results.md").read_text()
+    assert "## Mean episode reward, held-out" in md and "| before training | – | 40.0 | " in md
+
+
+def test_the_reward_pairing_and_the_win_rate_read_the_same_entries():
+    a = [{"seed": 0, "after": {"x": {"held_out": {"p0": 1.0, "p1": 0.5}}}}]
+    b = [{"seed": 0, "after": {"x": {"held_out": {"p0": 0.25, "p1": 0.5}}}}]
+    assert paired_interval(a, b, "x", "held_out", value=reward_of)[0] == pytest.approx(0.375)
+    assert paired_interval(a, b, "x", "held_out")[0] == pytest.approx(0.5)   # wins: 1 of 2 against 0 of 2
+    assert accuracy({"p0": 0.99, "p1": 1.0}) == 0.5
