@@ -642,6 +642,8 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
     sets = eval_sets_of(meta)
     held = (f"held-out: {meta['eval_size']} problems of the training distribution and the same problems in other "
             "words" if "words" in sets else
+            f"held-out: {meta['eval_size']} instances of every environment, one episode each (won: reward 1)"
+            if "before_reward" in summary else
             f"held-out: {meta['eval_size']} items of every trained task, and as many of every held-out task family")
     lines = ["# Collaboration benchmark", "", f"Command: `{meta['command']}`", "",
              f"Pair: {meta['pair']} ({', '.join(f'{a} = {m}' for a, m in meta['models'].items())}); "
