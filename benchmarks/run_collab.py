@@ -465,19 +465,26 @@ def _reward_markdown(summary: dict, agents: list[str]) -> list[str]:
     for e in eval_sets_of(summary["meta"]):
         lines += [f"## Mean episode reward, {SET_TITLES[e][1]}", "",
                   "Greedy, one episode per instance: a win is 1, a lost episode scores its partial reward; mean over "
-                  "instances, ×100, mean ± std over seeds; Δ vs GSPO paired by seed and instance.", "",
-                  "| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
-                  "|---|---|" + "---|---|" * len(agents),
-                  "| before training | – | " + " | ".join(
-                      f"{100 * summary['before_reward'][a][e]:.1f} | " for a in agents) + " |"]
-        for r, rec in summary["recipes"].items():
-            cells = []
-            for a in agents:
-                s = rec["agents"][a][e].get("reward")
-                cells += ["–", "—"] if s is None else [_pm(s), _ci(s.get("vs_gspo"))]
-            lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
-        lines.append("")
+                  "instances, ×100, mean ± std over seeds; Δ vs GSPO paired by seed and instance.", ""]
+        lines += _recipe_table(summary, agents, {a: summary["before_reward"][a][e] for a in agents},
+                               lambda rec, a, e=e: rec["agents"][a][e].get("reward"))
     return lines
+
+
+def _recipe_table(summary: dict, agents: list[str], before: dict, stat) -> list[str]:
+    """A table of recipes × agents: after (mean ± std over seeds) and Δ vs GSPO, below the ``before`` row (agent →
+    value); ``stat(recipe record, agent)`` gives a recipe's figures (``mean``, ``std``, ``n``, ``vs_gspo``), or
+    None (shown as –)."""
+    lines = ["| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
+             "|---|---|" + "---|---|" * len(agents),
+             "| before training | – | " + " | ".join(f"{100 * before[a]:.1f} | " for a in agents) + " |"]
+    for r, rec in summary["recipes"].items():
+        cells = []
+        for a in agents:
+            s = stat(rec, a)
+            cells += ["–", "—"] if s is None else [_pm(s), _ci(s.get("vs_gspo"))]
+        lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _pct(x) -> str:
@@ -653,18 +660,9 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
     lines += _noise_markdown(summary, agents)
     for e in sets:
         title = SET_TITLES[e][0]
-        lines += [f"## {title}", "",
-                  "| recipe | seeds | " + " | ".join(f"{a} after | {a} Δ vs GSPO" for a in agents) + " |",
-                  "|---|---|" + "---|---|" * len(agents)]
-        lines.append("| before training | – | " + " | ".join(
-            f"{100 * summary['before'][a][e]:.1f} | " for a in agents) + " |")
-        for r, rec in summary["recipes"].items():
-            cells = []
-            for a in agents:
-                s = rec["agents"][a][e]
-                cells += [_pm(s), _ci(s.get("vs_gspo"))]
-            lines.append(f"| {label(r)} | {len(rec['seeds'])} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"## {title}", ""]
+        lines += _recipe_table(summary, agents, {a: summary["before"][a][e] for a in agents},
+                               lambda rec, a, e=e: rec["agents"][a][e])
     lines += _reward_markdown(summary, agents)
     lines += _pairwise_markdown(summary, agents)
     lines += _contrib_markdown(summary, agents)
