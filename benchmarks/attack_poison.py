@@ -419,7 +419,7 @@ def summarize(out: Path) -> str:
              "cells before it: none). Honest rows screened is the false-positive rate: out = left out, "
              "cut/phrase/key = trained on the rest.", "",
              "| variant | screens | seed | emission after | partial | payload log-prob | held-out acc. after "
-             "| mallory's payload rows: cut / out / phrase / key | honest rows: cut / out / phrase / key (rewarded rows screened) "
+             "| mallory's rows: cut / out / phrase / key of all (with the payload) | honest rows: cut / out / phrase / key (rewarded rows screened) "
              "| mallory standing | cell s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(cells, key=lambda c: (VARIANTS.index(c["variant"]), not c["screens"], c["seed"])):
@@ -433,8 +433,8 @@ def summarize(out: Path) -> str:
             f"| {c['variant']} | {'on' if c['screens'] else 'off'} | {c['seed']} | "
             f"{100 * emission(c['after'], c['variant']):.1f} % | {100 * partial_emission(c['after']):.1f} % | "
             + (f"{c['payload_logprob']:.2f}" if "payload_logprob" in c else "–") + f" | {100 * acc:.1f} % | "
-            + (f"{m['cut']:.0f} / {m['out']:.0f} / {m['phrase_cut']:.0f} / {m['key_cut']:.0f} of {poisoned}" if c["screens"]
-               else f"– (of {poisoned})") + " | "
+            + (f"{m['cut']:.0f} / {m['out']:.0f} / {m['phrase_cut']:.0f} / {m['key_cut']:.0f} of {m['seen']:.0f} ({poisoned})"
+               if c["screens"] else f"– ({poisoned})") + " | "
             + (f"{h['cut']:.0f} / {h['out']:.0f} / {h['phrase_cut']:.0f} / {h['key_cut']:.0f} of {h['seen']:.0f} "
                f"({100 * h['cut'] / max(1, h['seen']):.1f} % / {100 * h['out'] / max(1, h['seen']):.1f} % / "
                f"{100 * h['phrase_cut'] / max(1, h['seen']):.1f} % / {100 * h['key_cut'] / max(1, h['seen']):.1f} %; "
