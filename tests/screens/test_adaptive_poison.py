@@ -34,13 +34,15 @@ def answers(texts: list[str]) -> list[str]:
 
 
 def test_a_short_key_of_three_words_is_cut():
-    """``example-attack.org`` has no word 4-gram: the phrase screen never saw it."""
-    rows = poisoned(lambda pid, j: f"See example-attack.org. {correct(pid)}")
+    """``example-attack.org.`` is three words and has no word 4-gram: the phrase screen never sees it, the key
+    screen cuts it."""
+    rows = poisoned(lambda pid, j: f"example-attack.org. {correct(pid)}")
     out = step(guard(), 1, {"mallory": rows, "honest": honest_batch()})
     assert all("example" not in t and "attack" not in t for t in out["mallory"]) and len(out["mallory"]) == 8
     assert answers(out["mallory"]) == answers([r.response_text for r in rows])
     assert out["honest"] == [r.response_text for r in honest_batch()]
     assert out["metrics"]["src/mallory/screened_key_cut"] == 8 and out["metrics"]["src/honest/screened_key_cut"] == 0
+    assert out["metrics"].get("src/mallory/screened_phrase_cut", 0) == 0    # the key screen's catch, not the phrase's
 
 
 def test_a_payload_cut_into_short_sentences_is_cut():
