@@ -184,6 +184,14 @@ def contributor_step(step, contributor: str) -> dict:
             "generate_s": step.generate_s.get(contributor)}
 
 
+def _progress_line(recipe: str, seed: int, steps: int, result, elapsed_s: float) -> str:
+    """One line per finished step of a cell: ``[recipe sN] step k/steps, T s: agent P_t …`` (P_t: the
+    coordinator-verified mean reward of the agent's rollouts at the step) and the seconds left at this pace."""
+    acc = " ".join(f"{a} {100 * p:.0f} %" for a, p in sorted(result.accuracy.items()))
+    left = elapsed_s / result.step * (steps - result.step)
+    return f"[{recipe} s{seed}] step {result.step}/{steps}, {elapsed_s:.0f} s (≈ {left:.0f} s left): rollouts right {acc}"
+
+
 def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=None,
              contributor: dict | None = None) -> dict:
     """One (recipe, seed) cell from the initial weights; returns its record. With a rollout-only agent in
@@ -195,7 +203,9 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
     evaluate = evaluate or fed.evaluate
     fed.reset(algo={"name": recipe, **ALGO.get(recipe, {}), "kl_coef": 0.0}, optim={"seed": seed})
     t0 = time.perf_counter()
-    results = fed.run(run_id=f"collab-s{seed}", steps=steps, seed=seed)
+    results = fed.run(run_id=f"collab-s{seed}", steps=steps, seed=seed,
+                      on_step=lambda r: print(_progress_line(recipe, seed, steps, r, time.perf_counter() - t0),
+                                              flush=True))
     t1 = time.perf_counter()
     after = {name: evaluate(problems) for name, problems in eval_sets.items()}
     t2 = time.perf_counter()

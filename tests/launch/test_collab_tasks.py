@@ -20,6 +20,8 @@ def _run(out: Path, *extra: str) -> str:
 def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     out = tmp_path / "collab"
     first = _run(out)
+    progress = [line for line in first.splitlines() if " step 1/1, " in line]   # one line per step of a cell
+    assert len(progress) == 4 and progress[0].startswith("[gspo s0] step 1/1, ") and "left): rollouts right" in progress[0]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["eval_sets"] == ["held_out", "families"]
     assert set(meta["tasks"].values()) == {"chain_sum", "spell_backward", "leg_counting"}
