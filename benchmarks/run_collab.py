@@ -310,6 +310,20 @@ def gain_kinds(before: dict, after: dict) -> dict:
     return out
 
 
+OUTCOMES = ("correct", "wrong_answer", "truncated", "no_answer", "verifier_error")
+"""What an evaluated response can be (``Federation.evaluate_outcomes``): right; a stated wrong answer; cut at the
+token limit; no stated answer; the verifier failed."""
+
+
+def outcome_mix(outcomes: dict, only: set[str] | None = None) -> dict[str, float] | None:
+    """Share of the problems (those in ``only`` when given) of each :data:`OUTCOMES` value, in [0, 1]; None for
+    cells without outcome strings (arithmetic cells hold booleans) or without a problem."""
+    xs = [v for p, v in outcomes.items() if only is None or p in only]
+    if not xs or not all(isinstance(v, str) for v in xs):
+        return None
+    return {k: sum(v == k for v in xs) / len(xs) for k in OUTCOMES}
+
+
 def contributor_summary(cells: list[dict], agent: str) -> dict:
     """The contributor's rows in ``agent``'s updates over the cells of one ``+contrib`` recipe: every count of
     :func:`contributor_rows` summed over steps and seeds; ``share`` = grad_rows / delivered (the share of the
@@ -366,6 +380,10 @@ def summarize(out: Path) -> dict:
                                                      **before["agents"][a].get("families", {})},
                                                     {p for p, x in tasks_of.items() if x == t}) for t in task_names}
                                    for a in agents}
+        summary["before_outcomes"] = {a: {t: outcome_mix({**before["agents"][a].get("held_out", {}),
+                                                          **before["agents"][a].get("families", {})},
+                                                         {p for p, x in tasks_of.items() if x == t})
+                                          for t in task_names} for a in agents}
     if "gspo" in by:
         summary["noise"] = {a: {e: noise(by["gspo"], a, e) for e in sets} for a in agents}
     for r in recipes:
@@ -399,7 +417,10 @@ def summarize(out: Path) -> dict:
                     only = {p for p, x in tasks_of.items() if x == t}
                     e = next(e for e in sets if only & set(by[r][0]["after"][a][e]))
                     xs = [accuracy(c["after"][a][e], only) for c in by[r]]
+                    mixes = [outcome_mix(c["after"][a][e], only) for c in by[r]]
                     ag["tasks"][t] = {"set": e, "mean": statistics.fmean(xs), "per_seed": xs,
+                                      "outcomes": {k: statistics.fmean(m[k] for m in mixes) for k in OUTCOMES}
+                                      if all(mixes) else None,
                                       "vs_gspo": paired_interval(by[r], by["gspo"], a, e, only=only)
                                       if r != "gspo" and "gspo" in by else None,
                                       "vs_gspo_x2": paired_interval(by[r], by["gspo_x2"], a, e, only=only)
@@ -651,7 +672,31 @@ def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
                         lines.append(f"| {label(r)} | {a} | {SET_TITLES[e][1]} | {g['format_fixed']:.1f} | "
                                      f"{g['content_fixed']:.1f} | {g['format_broken']:.1f} | {g['content_broken']:.1f} |")
         lines += [""]
-    return lines
+    return lines + _family_outcomes_markdown(summary, agents, tasks)
+
+
+def _family_outcomes_markdown(summary: dict, agents: list[str], tasks: list[str]) -> list[str]:
+    """What the answers on each held-out task family are, before and after each recipe: a family can stay at 0 %
+    because the model learned nothing there, or because it learned the answer format but not the skill."""
+    recipes = summary["recipes"]
+    fams = [t for t in tasks if recipes and recipes[next(iter(recipes))]["agents"][agents[0]]["tasks"][t]["set"]
+            == "families"]
+    if not fams or not all(summary["before_outcomes"][a][t] for a in agents for t in fams):
+        return []
+    lines = ["## Outcomes on the held-out task families", "",
+             "Share of the family's problems, %, mean over seeds: right / a stated wrong answer / cut at the token "
+             "limit / no stated answer. A family that stays near 0 % with its wrong answers now *stated* learned "
+             "the answer format from the trained tasks, not the skill.", "",
+             "| recipe | " + " | ".join(f"{a}: {t}" for a in agents for t in fams) + " |",
+             "|---|" + "---|" * (len(agents) * len(fams))]
+    fmt = (lambda m: " / ".join(f"{100 * m[k]:.0f}" for k in OUTCOMES[:4]))
+    lines.append("| before training | " + " | ".join(fmt(summary["before_outcomes"][a][t])
+                                                    for a in agents for t in fams) + " |")
+    for r, rec in recipes.items():
+        mixes = [rec["agents"][a]["tasks"][t].get("outcomes") for a in agents for t in fams]
+        if all(mixes):
+            lines.append(f"| {label(r)} | " + " | ".join(fmt(m) for m in mixes) + " |")
+    return lines + [""]
 
 
 def render_markdown(summary: dict, agents: list[str]) -> str:

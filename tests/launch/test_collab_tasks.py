@@ -33,9 +33,13 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     assert set(rec["tasks"]) == {"chain_sum", "spell_backward", "leg_counting"}
     assert rec["tasks"]["leg_counting"]["set"] == "families" and rec["tasks"]["chain_sum"]["set"] == "held_out"
     assert set(rec["held_out"]["gains"]) == {"format_fixed", "content_fixed", "format_broken", "content_broken"}
+    mix = rec["tasks"]["leg_counting"]["outcomes"]    # what the family's answers are: right, wrong, cut, none
+    assert set(mix) == {"correct", "wrong_answer", "truncated", "no_answer", "verifier_error"}
+    assert abs(sum(mix.values()) - 1) < 1e-9 and abs(mix["correct"] - rec["tasks"]["leg_counting"]["mean"]) < 1e-9
     assert summary["noise"]["llama-bpe"]["held_out"]["seeds"] == 2
     for section in ("## Noise and minimum detectable effect", "## Held-out task families", "## Per task",
-                    "## Format or content", "## Does an agent gain most where its peer is stronger?"):
+                    "## Format or content", "## Does an agent gain most where its peer is stronger?",
+                    "## Outcomes on the held-out task families"):
         assert section in first
     again = _run(out)
     assert again.count("done already") == 4
