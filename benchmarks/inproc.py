@@ -47,6 +47,10 @@ from hacrl_fed.worker.errors import PreconditionError
 from hacrl_fed.worker.models import embedding_parameters
 
 
+RESPONSE_CHARS = 400
+"""Longest response text :meth:`Federation.evaluate_outcomes` keeps per problem."""
+
+
 @dataclass
 class StepResult:
     step: int
@@ -264,12 +268,14 @@ class Federation:
                                                   seed=step_seed(run.seed, -1)))
         return {n: list(self.workers[n].evaluate(req).results) for n in agents or self.learners}
 
-    def evaluate_outcomes(self, problems: Sequence[Any], *, agents: Sequence[str] | None = None
-                          ) -> dict[str, dict[str, str]]:
+    def evaluate_outcomes(self, problems: Sequence[Any], *, agents: Sequence[str] | None = None,
+                          responses: dict[str, dict[str, str]] | None = None) -> dict[str, dict[str, str]]:
         """Greedy, one response per problem, with why it failed: agent → {problem id: ``correct`` | ``truncated``
         (cut at the token limit) | ``no_answer`` (nothing stated) | ``wrong_answer`` (a stated, wrong answer) |
         ``verifier_error``}; episodes (docs/multi-turn.md): ``correct`` (won) or ``lost``. The same generation and verification as :meth:`evaluate` (the worker's engine and
-        verifier, the run's seed), so ``outcome == "correct"`` agrees with it problem for problem."""
+        verifier, the run's seed), so ``outcome == "correct"`` agrees with it problem for problem. ``responses``,
+        when given, is filled with agent → {problem id: the response text, at most :data:`RESPONSE_CHARS`
+        characters} (single-turn problems only), so an outcome can be read."""
         from hacrl_fed.rollout.engine import Sampling
         from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
 
@@ -286,6 +292,8 @@ class Federation:
                                  seed=step_seed(run.seed, -1), system_prompt=m.system_prompt, template=m.chat_template,
                                  max_prompt_tokens=m.max_prompt_tokens, chunk_prompts=w.engine.max_batch_sequences)
             out[n] = {r.prompt_id: outcome(r.verdicts[0], r.reasons[0], r.finish_reasons[0]) for r in res}
+            if responses is not None:
+                responses[n] = {r.prompt_id: r.responses[0][:RESPONSE_CHARS] for r in res}
         return out
 
     def close(self) -> None:

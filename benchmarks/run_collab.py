@@ -192,6 +192,19 @@ def _progress_line(recipe: str, seed: int, steps: int, result, elapsed_s: float)
     return f"[{recipe} s{seed}] step {result.step}/{steps}, {elapsed_s:.0f} s (≈ {left:.0f} s left): rollouts right {acc}"
 
 
+def evaluate_sets(fed, evaluate, eval_sets: dict) -> tuple[dict, dict]:
+    """``evaluate`` on every evaluation set: (set → agent → {problem id: result}, set → agent → {problem id:
+    response text}); the texts only when ``evaluate`` is ``fed.evaluate_outcomes`` (task suites), else ``{}``."""
+    after, texts = {}, {}
+    for name, problems in eval_sets.items():
+        if evaluate == fed.evaluate_outcomes:
+            texts[name] = {}
+            after[name] = evaluate(problems, responses=texts[name])
+        else:
+            after[name] = evaluate(problems)
+    return after, texts
+
+
 def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=None,
              contributor: dict | None = None) -> dict:
     """One (recipe, seed) cell from the initial weights; returns its record. With a rollout-only agent in
@@ -207,12 +220,14 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
                       on_step=lambda r: print(_progress_line(recipe, seed, steps, r, time.perf_counter() - t0),
                                               flush=True))
     t1 = time.perf_counter()
-    after = {name: evaluate(problems) for name, problems in eval_sets.items()}
+    after, texts = evaluate_sets(fed, evaluate, eval_sets)
     t2 = time.perf_counter()
     agents = sorted(fed.learners)
     rec = {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
            "after": {a: {name: after[name][a] for name in eval_sets} for a in agents},
            "per_step": {a: [_step_summary(a, s, fed.contributors) for s in results] for a in agents}}
+    if texts:
+        rec["responses"] = {a: {name: texts[name].get(a, {}) for name in texts} for a in agents}
     if fed.contributors:
         c = fed.contributors[0]
         rec["recipe"] = recipe + CONTRIB
@@ -928,9 +943,11 @@ def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, st
         before_path = out / "before.json"
         if not before_path.exists():
             t = time.perf_counter()
-            res = {name: evaluate(problems) for name, problems in eval_sets.items()}
+            res, texts = evaluate_sets(fed, evaluate, eval_sets)
             before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.learners},
                       "eval_s": time.perf_counter() - t, "load_s": fed.load_s}
+            if texts:
+                before["responses"] = {a: {name: texts[name].get(a, {}) for name in texts} for a in fed.learners}
             before_path.write_text(json.dumps(before, indent=1))
         suffix = CONTRIB if contributor else ""
         for seed in range(seeds):

@@ -27,6 +27,12 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     assert set(meta["tasks"].values()) == {"chain_sum", "spell_backward", "leg_counting"}
     cell = json.loads((out / "cells" / "hacpo_cross_family_task-s1.json").read_text())
     outcomes = {v for per in cell["after"].values() for s in per.values() for v in s.values()}
+    for agent, sets in cell["after"].items():   # every evaluated response is kept beside its outcome, bounded
+        for e, per in sets.items():
+            texts = cell["responses"][agent][e]
+            assert set(texts) == set(per) and all(isinstance(t, str) and len(t) <= 400 for t in texts.values())
+    before = json.loads((out / "before.json").read_text())
+    assert set(before["responses"]["llama-bpe"]["families"]) == set(before["agents"]["llama-bpe"]["families"])
     assert outcomes <= {"correct", "truncated", "no_answer", "wrong_answer", "verifier_error"} and outcomes
     summary = json.loads((out / "results.json").read_text())
     rec = summary["recipes"]["hacpo_cross_family_task"]["agents"]["llama-bpe"]
