@@ -80,6 +80,8 @@ SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "hel
               "families": ("Held-out task families (never trained)", "families", "held-out task families")}
 COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_task")
 PAIRWISE_BASES = ("hacpo", "gspo_x2")
+TWINS = {"hacpo_cross_family_task": "hacpo_cross_family"}
+"""A named option's recipe → the same recipe without it (its difference isolates the option)."""
 """Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
 anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
 CONTRIB = "+contrib"
@@ -413,7 +415,8 @@ def summarize(out: Path) -> dict:
                     ag[e]["vs_gspo"] = paired_interval(by[r], by["gspo"], a, e)
                     ag[e]["mde_vs_gspo"] = paired_mde(by[r], by["gspo"], a, e)
                 if r in COLLABORATIVE:
-                    ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
+                    ag[e]["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in (*PAIRWISE_BASES, TWINS.get(r))
+                                   if b in by and b != r}
                 if base_recipe(r) != r and base_recipe(r) in by:
                     ag[e]["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
                     ag[e]["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)
@@ -488,12 +491,13 @@ def _ci(t) -> str:
 def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
     """The collaborative recipes against the paper's HACPO and GSPO×2 (mean [95 % interval], paired)."""
     sets = eval_sets_of(summary["meta"])
-    rows = [(r, b, rec) for r, rec in summary["recipes"].items() for b in PAIRWISE_BASES
+    rows = [(r, b, rec) for r, rec in summary["recipes"].items() for b in (*PAIRWISE_BASES, TWINS.get(r))
             if b in rec["agents"][agents[0]][sets[0]].get("vs", {})]
     if not rows:
         return []
     lines = ["## Collaborative recipes against the paper's HACPO and GSPO×2", "",
-             "Difference in points, mean [95 % interval], paired by seed and problem as above.", "",
+             "Difference in points, mean [95 % interval], paired by seed and problem as above; a named option also "
+             "against the same recipe without it (capability per task − global capability).", "",
              "| recipe − baseline | " + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets)
              + " |", "|---|" + "---|" * (len(sets) * len(agents))]
     for r, b, rec in rows:

@@ -82,3 +82,22 @@ def test_paired_mde_removes_what_a_shared_seed_explains():
     assert got["seeds"] == 3 and abs(got["sd_diff"] - 0.01) < 1e-9
     assert abs(got["mde"] - 2.8016 * 0.01 / 3 ** 0.5) < 1e-6 and got["seeds_for_5_points"] == 2
     assert paired_mde(a[:1], b, "a", "held_out")["mde"] is None
+
+
+def test_a_named_option_is_compared_with_the_same_recipe_without_it(tmp_path):
+    """Capability per task (``hacpo_cross_family_task``) against global capability (``hacpo_cross_family``),
+    on the committed task-suite cells: the difference isolates the option."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_collab import paired_interval, summarize
+
+    out = tmp_path / "collab-tasks"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "collab-tasks", out)
+    summary = summarize(out)
+    cells = {r: sorted((json.loads(p.read_text()) for p in (out / "cells").glob(f"{r}-s*.json")),
+                       key=lambda c: c["seed"]) for r in ("hacpo_cross_family_task", "hacpo_cross_family")}
+    got = summary["recipes"]["hacpo_cross_family_task"]["agents"]["smollm2"]["held_out"]["vs"]["hacpo_cross_family"]
+    assert got == paired_interval(cells["hacpo_cross_family_task"], cells["hacpo_cross_family"], "smollm2", "held_out")
+    assert "hacpo_cross_family_task" not in summary["recipes"]["hacpo_cross_family"]["agents"]["smollm2"]["held_out"]["vs"]
+    assert "| HACPO cross-family, capability per task − HACPO cross-family |" in (out / "results.md").read_text()
