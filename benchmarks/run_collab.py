@@ -80,10 +80,10 @@ SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "hel
               "families": ("Held-out task families (never trained)", "families", "held-out task families")}
 COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_task")
 PAIRWISE_BASES = ("hacpo", "gspo_x2")
-TWINS = {"hacpo_cross_family_task": "hacpo_cross_family"}
-"""A named option's recipe → the same recipe without it (its difference isolates the option)."""
 """Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
 anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
+TWINS = {"hacpo_cross_family_task": "hacpo_cross_family"}
+"""A named option's recipe → the same recipe without it (its difference isolates the option)."""
 CONTRIB = "+contrib"
 """Suffix of a recipe whose cells had the rollout-only contributor (``--contributor``): ``hacpo+contrib``."""
 CONTRIB_COUNTS = ("delivered", "rows", "no_logprob_rows", "grad_rows", "pos_adv_rows", "pos_adv_grad_rows",
@@ -187,8 +187,9 @@ def contributor_step(step, contributor: str) -> dict:
 
 
 def _progress_line(recipe: str, seed: int, steps: int, result, elapsed_s: float) -> str:
-    """One line per finished step of a cell: ``[recipe sN] step k/steps, T s: agent P_t …`` (P_t: the
-    coordinator-verified mean reward of the agent's rollouts at the step) and the seconds left at this pace."""
+    """One line per finished step of a cell: ``[recipe sN] step k/steps, T s (≈ L s left): rollouts right agent
+    P_t % …`` (T: seconds since the cell started; L: seconds left at this pace; P_t: the coordinator-verified mean
+    reward of the agent's rollouts at the step)."""
     acc = " ".join(f"{a} {100 * p:.0f} %" for a, p in sorted(result.accuracy.items()))
     left = elapsed_s / result.step * (steps - result.step)
     return f"[{recipe} s{seed}] step {result.step}/{steps}, {elapsed_s:.0f} s (≈ {left:.0f} s left): rollouts right {acc}"
