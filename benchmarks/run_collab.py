@@ -196,15 +196,17 @@ def _progress_line(recipe: str, seed: int, steps: int, result, elapsed_s: float)
 
 
 def evaluate_sets(fed, evaluate, eval_sets: dict) -> tuple[dict, dict]:
-    """``evaluate`` on every evaluation set: (set → agent → {problem id: result}, set → agent → {problem id:
+    """``evaluate`` on every evaluation set: (agent → set → {problem id: result}, agent → set → {problem id:
     response text}); the texts only when ``evaluate`` is ``fed.evaluate_outcomes`` (task suites), else ``{}``."""
-    after, texts = {}, {}
+    after: dict = {}
+    texts: dict = {}
     for name, problems in eval_sets.items():
-        if evaluate == fed.evaluate_outcomes:
-            texts[name] = {}
-            after[name] = evaluate(problems, responses=texts[name])
-        else:
-            after[name] = evaluate(problems)
+        said: dict = {}
+        per = evaluate(problems, responses=said) if evaluate == fed.evaluate_outcomes else evaluate(problems)
+        for a, res in per.items():
+            after.setdefault(a, {})[name] = res
+        for a, res in said.items():
+            texts.setdefault(a, {})[name] = res
     return after, texts
 
 
@@ -227,10 +229,10 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
     t2 = time.perf_counter()
     agents = sorted(fed.learners)
     rec = {"recipe": recipe, "seed": seed, "steps": steps, "train_s": t1 - t0, "eval_s": t2 - t1,
-           "after": {a: {name: after[name][a] for name in eval_sets} for a in agents},
+           "after": {a: after[a] for a in agents},
            "per_step": {a: [_step_summary(a, s, fed.contributors) for s in results] for a in agents}}
     if texts:
-        rec["responses"] = {a: {name: texts[name].get(a, {}) for name in texts} for a in agents}
+        rec["responses"] = {a: texts[a] for a in agents}
     if fed.contributors:
         c = fed.contributors[0]
         rec["recipe"] = recipe + CONTRIB
@@ -393,15 +395,12 @@ def summarize(out: Path) -> dict:
                      "recipes": {}}
     if all(has_rewards(before["agents"][a][e]) for a in agents for e in sets):   # episodes
         summary["before_reward"] = {a: {e: mean_reward(before["agents"][a][e]) for e in sets} for a in agents}
+    ids_of = {t: {p for p, x in tasks_of.items() if x == t} for t in task_names}   # task → its problem ids
     if task_names:
-        summary["before_tasks"] = {a: {t: accuracy({**before["agents"][a].get("held_out", {}),
-                                                     **before["agents"][a].get("families", {})},
-                                                    {p for p, x in tasks_of.items() if x == t}) for t in task_names}
-                                   for a in agents}
-        summary["before_outcomes"] = {a: {t: outcome_mix({**before["agents"][a].get("held_out", {}),
-                                                          **before["agents"][a].get("families", {})},
-                                                         {p for p, x in tasks_of.items() if x == t})
-                                          for t in task_names} for a in agents}
+        merged = {a: {**before["agents"][a].get("held_out", {}), **before["agents"][a].get("families", {})}
+                  for a in agents}
+        summary["before_tasks"] = {a: {t: accuracy(merged[a], ids_of[t]) for t in task_names} for a in agents}
+        summary["before_outcomes"] = {a: {t: outcome_mix(merged[a], ids_of[t]) for t in task_names} for a in agents}
     if "gspo" in by:
         summary["noise"] = {a: {e: noise(by["gspo"], a, e) for e in sets} for a in agents}
     for r in recipes:
@@ -433,7 +432,7 @@ def summarize(out: Path) -> dict:
             if task_names:
                 ag["tasks"] = {}
                 for t in task_names:
-                    only = {p for p, x in tasks_of.items() if x == t}
+                    only = ids_of[t]
                     e = next(e for e in sets if only & set(by[r][0]["after"][a][e]))
                     xs = [accuracy(c["after"][a][e], only) for c in by[r]]
                     mixes = [outcome_mix(c["after"][a][e], only) for c in by[r]]
@@ -636,17 +635,24 @@ def mechanism(summary: dict, agents: list[str]) -> dict:
     return out
 
 
+def _family_tasks(summary: dict, agents: list[str], tasks: list[str]) -> list[str]:
+    """The tasks of ``tasks`` that are held-out task families (evaluated, never trained)."""
+    recipes = summary["recipes"]
+    first = recipes[next(iter(recipes))]["agents"][agents[0]]["tasks"] if recipes else {}
+    return [t for t in tasks if t in first and first[t]["set"] == "families"]
+
+
 def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
     if "before_tasks" not in summary:
         return []
     tasks = sorted(summary["before_tasks"][agents[0]])
+    fams = _family_tasks(summary, agents, tasks)
     lines = ["## Per task", "",
              "Greedy accuracy after training, %, mean over seeds (before training in the first row); Δ vs GSPO "
              "paired by seed and problem. Task families only evaluated are marked *(held out)*. A peer is "
              "*stronger* on a task when its accuracy before training is higher: the paper's mechanism predicts the "
              "largest gain over isolated training there.", "",
-             "| recipe | " + " | ".join(f"{a}: {t}" + (" *(held out)*" if summary["recipes"][next(iter(
-                 summary["recipes"]))]["agents"][a]["tasks"][t]["set"] == "families" else "")
+             "| recipe | " + " | ".join(f"{a}: {t}" + (" *(held out)*" if t in fams else "")
                                        for a in agents for t in tasks) + " |",
              "|---|" + "---|" * (len(agents) * len(tasks))]
     peer = {a: next((b for b in agents if b != a), None) for a in agents}
@@ -692,15 +698,14 @@ def _tasks_markdown(summary: dict, agents: list[str]) -> list[str]:
                         lines.append(f"| {label(r)} | {a} | {SET_TITLES[e][1]} | {g['format_fixed']:.1f} | "
                                      f"{g['content_fixed']:.1f} | {g['format_broken']:.1f} | {g['content_broken']:.1f} |")
         lines += [""]
-    return lines + _family_outcomes_markdown(summary, agents, tasks)
+    return lines + _family_outcomes_markdown(summary, agents, fams)
 
 
-def _family_outcomes_markdown(summary: dict, agents: list[str], tasks: list[str]) -> list[str]:
-    """What the answers on each held-out task family are, before and after each recipe: a family can stay at 0 %
-    because the model learned nothing there, or because it learned the answer format but not the skill."""
+def _family_outcomes_markdown(summary: dict, agents: list[str], fams: list[str]) -> list[str]:
+    """What the answers on each held-out task family (``fams``) are, before and after each recipe: a family can
+    stay at 0 % because the model learned nothing there, or because it learned the answer format but not the
+    skill."""
     recipes = summary["recipes"]
-    fams = [t for t in tasks if recipes and recipes[next(iter(recipes))]["agents"][agents[0]]["tasks"][t]["set"]
-            == "families"]
     if not fams or not all(summary["before_outcomes"][a][t] for a in agents for t in fams):
         return []
     lines = ["## Outcomes on the held-out task families", "",
@@ -949,10 +954,10 @@ def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, st
         if not before_path.exists():
             t = time.perf_counter()
             res, texts = evaluate_sets(fed, evaluate, eval_sets)
-            before = {"agents": {a: {name: res[name][a] for name in eval_sets} for a in fed.learners},
+            before = {"agents": {a: res[a] for a in fed.learners},
                       "eval_s": time.perf_counter() - t, "load_s": fed.load_s}
             if texts:
-                before["responses"] = {a: {name: texts[name].get(a, {}) for name in texts} for a in fed.learners}
+                before["responses"] = {a: texts[a] for a in fed.learners}
             before_path.write_text(json.dumps(before, indent=1))
         suffix = CONTRIB if contributor else ""
         for seed in range(seeds):
