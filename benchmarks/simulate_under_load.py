@@ -115,14 +115,10 @@ def attempt(cmd: list[str], timeout: float, log_path: Path) -> dict:
                 rc = proc.wait()
             rc = f"timeout after {timeout:.0f} s (then {rc})"
     wall = time.perf_counter() - t
-    lines = [ln.strip()[:300] for ln in log_path.read_text(errors="replace").splitlines() if CAUSE.search(ln)]
+    output = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    lines = [ln[:300] for ln in output if CAUSE.search(ln)]
     return {"command": " ".join(cmd[1:]), "rc": rc, "wall_s": round(wall, 1), "cause_lines": lines[:MAX_LINES],
-            "cause_lines_total": len(lines), "last_line": _last_line(log_path)}
-
-
-def _last_line(path: Path) -> str:
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1].strip()[:300] if lines else ""
+            "cause_lines_total": len(lines), "last_line": output[-1][:300] if output else ""}
 
 
 def with_steps(config: Path, steps: int | None, work: Path) -> Path:
