@@ -71,9 +71,11 @@ LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive
           "hacpo_cross_family_task": "HACPO cross-family, capability per task"}
 ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"}}
 """Recipes that are a preset with options; every other recipe is the preset of its name."""
-PAIRS = {"cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml",
-         "tasks": "tasks.toml", "tiny-tasks": "tiny_tasks.toml", "episodes": "episodes.toml",
-         "tiny-episodes": "tiny_episodes.toml"}
+PAIRS = {name: f"examples/{file}" for name, file in {
+    "cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml", "tasks": "tasks.toml",
+    "tiny-tasks": "tiny_tasks.toml", "episodes": "episodes.toml", "tiny-episodes": "tiny_episodes.toml"}.items()}
+PAIRS["tasks-near-family"] = "benchmarks/configs/tasks_near_family.toml"   # an ablation of tasks.toml, not an example
+"""Pair → base simulate config, relative to the repository root."""
 EVAL_SETS = ("held_out", "words")
 SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
               "words": ("Other wording", "other wording", "other wording"),
@@ -857,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     from hacrl_fed.protocol.keys import validate_agent_name
 
     pair = "tiny" if args.tiny else args.pair
-    cfg = load_config(args.config or ROOT / "examples" / PAIRS[pair], SimulateConfig)
+    cfg = load_config(args.config or ROOT / PAIRS[pair], SimulateConfig)
     suite = cfg.run.data.source == "reasoning_gym"
     if args.eval_size is not None or not suite:
         cfg.run.data.eval_size = 64 if args.eval_size is None else args.eval_size
@@ -892,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": command, "pair": pair, "steps": args.steps, "seeds": args.seeds,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
             "eval_size": cfg.run.data.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
-            "config": str(args.config or Path("examples") / PAIRS[pair])}
+            "config": str(args.config or PAIRS[pair])}
     with contextlib.ExitStack() as stack:
         site = None
         if args.contributor:

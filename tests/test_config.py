@@ -112,7 +112,7 @@ def test_good_configs_load(tmp_path: Path):
 
 def _shipped_configs() -> list[Path]:
     found = []
-    for folder in ("examples", "server", "client"):
+    for folder in ("examples", "server", "client", "benchmarks/configs"):
         found += sorted((ROOT / folder).glob("**/*.toml"))
     # runs/ holds what the how-tos' commands write (Flower's own config.toml among it), not shipped configs
     return [p for p in found if "roster" not in p.name and "runs" not in p.relative_to(ROOT).parts]
