@@ -112,6 +112,52 @@ def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens
     return out
 
 
+def signal_share(*correct: dict[str, int], samples: int = 4) -> float:
+    """Share of problems whose group carries a gradient: some of its samples right and some wrong.
+
+    ``correct``: one map per agent, problem id → right samples of ``samples`` (the ``sampled`` record of a cell).
+    With one map it is that agent's group of ``samples``; with several, the joint group of all of them (the
+    HACPO group, spec §2 Eq. 6–7). Problems missing from a map count as all wrong. A group whose rewards are all
+    equal has advantage 0 exactly, in GRPO, GSPO and HACPO alike (``hacrl_fed.algo.advantages``, spec T5), so
+    this share bounds how much of a task a step can teach.
+
+    >>> signal_share({"a": 0, "b": 2, "c": 4})
+    0.3333333333333333
+    >>> signal_share({"a": 0, "b": 4}, {"a": 1, "b": 4})
+    0.5
+    """
+    ids = sorted(set().union(*correct))
+    if not ids:
+        return 0.0
+    full = samples * len(correct)
+    return sum(0 < sum(c.get(i, 0) for c in correct) < full for i in ids) / len(ids)
+
+
+def _signal_table(by: dict, agents: list[str], labels: list[str]) -> list[str]:
+    """Rows of the gradient-signal table (:func:`signal_share`): per agent alone and, with two or more agents,
+    the joint group; only tasks every agent has a cell of."""
+    rows = [lb for lb in labels if all((a, lb) in by for a in agents)]
+    if not rows:
+        return []
+    joint = len(agents) > 1
+    lines = ["", "## Groups that carry a gradient", "",
+             "Share of the problems, %, whose sampled group has some right and some wrong responses (otherwise "
+             "every advantage of the group is 0 and the task teaches nothing): each model's own group of its "
+             "samples" + (", and the joint group of both models' samples, as HACPO forms it (spec §2)" if joint
+                          else "") + ". A task no group of which carries a gradient cannot be learned by any "
+             "recipe, trained or held out.", "",
+             "| task | " + " | ".join(f"{a} alone" for a in agents) + (" | joint |" if joint else " |"),
+             "|---|" + "---|" * (len(agents) + joint)]
+    for lb in rows:
+        maps = [by[(a, lb)]["sampled"]["correct"] for a in agents]
+        k = by[(agents[0], lb)]["sampled"].get("samples", 4)
+        cells = [f"{100 * signal_share(m, samples=k):.0f}" for m in maps]
+        if joint:
+            cells.append(f"{100 * signal_share(*maps, samples=k):.0f}")
+        lines.append(f"| {lb} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def summarize(out: Path) -> dict:
     cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
     agents = sorted({c["agent"] for c in cells})
@@ -142,6 +188,7 @@ def summarize(out: Path) -> dict:
             row += [f"{100 * c['greedy']['accuracy']:.1f}", f"{100 * c['sampled']['accuracy']:.1f}",
                     f"{100 * o.get('truncated', 0):.0f} / {100 * o.get('no_answer', 0):.0f}"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += _signal_table(by, agents, labels)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     summary = {"agents": agents, "cells": {f"{a}--{lb}": {k: by[(a, lb)][k]["accuracy"] for k in ("greedy", "sampled")}
                                            for (a, lb) in by}}
