@@ -74,7 +74,8 @@ ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_sc
 PAIRS = {name: f"examples/{file}" for name, file in {
     "cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml", "tasks": "tasks.toml",
     "tiny-tasks": "tiny_tasks.toml", "episodes": "episodes.toml", "tiny-episodes": "tiny_episodes.toml"}.items()}
-PAIRS["tasks-near-family"] = "benchmarks/configs/tasks_near_family.toml"   # an ablation of tasks.toml, not an example
+PAIRS |= {"tasks-near-family": "benchmarks/configs/tasks_near_family.toml",   # ablations of tasks.toml, not examples
+          "tasks-families-trained": "benchmarks/configs/tasks_families_trained.toml"}
 """Pair → base simulate config, relative to the repository root."""
 EVAL_SETS = ("held_out", "words")
 SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
