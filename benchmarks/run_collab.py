@@ -14,7 +14,11 @@ Recipes (all agents of a cell use the same one; equal rollout budget per prompt 
 Pairs (``--pair``): ``cross-family`` = ``examples/default.toml`` (SmolLM2-135M-Instruct + Gemma-3-270M);
 ``same-family`` = ``examples/same_family.toml`` (SmolLM2-135M-Instruct + a SmolLM2 checkpoint trained a few
 steps further, the paper's heterogeneous-state setting; make the checkpoint first, see that file);
-``tasks`` = ``examples/tasks.toml`` (the cross-family pair on the reasoning-gym task suite).
+``tasks`` = ``examples/tasks.toml`` (the cross-family pair on the reasoning-gym task suite);
+``episodes`` = ``examples/episodes.toml`` (multi-turn games); ``tiny``, ``tiny-tasks``, ``tiny-episodes`` = the
+same on tiny local models (plumbing checks, not results). Ablations of ``tasks`` (``benchmarks/configs/``, not
+examples): ``tasks-near-family`` holds ``basic_arithmetic`` out as a near family, ``tasks-families-trained`` trains
+the two held-out families alone (docs/tasks.md, "What would move a held-out family").
 
 On a task suite the evaluation sets are the held-out items of the trained tasks (``held_out``) and the held-out
 task families (``families``); every problem's outcome is kept (``correct``, ``truncated``, ``no_answer``,
@@ -822,7 +826,9 @@ def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
 
 def _cli() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", choices=sorted(PAIRS), default="cross-family")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="cross-family",
+                        help="base config: " + "; ".join(f"{k} = {v}" for k, v in PAIRS.items())
+                        + " (default: cross-family)")
     parser.add_argument("--tiny", action="store_true", help="same as --pair tiny: a plumbing check, not a result")
     parser.add_argument("--config", type=Path, help="base simulate config (overrides --pair)")
     parser.add_argument("--recipes", default="",
