@@ -152,6 +152,24 @@ def _step_summary(agent: str, step, contributors=()) -> dict:
             "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers}
 
 
+def own_gradient(cells: list[dict], agent: str) -> dict | None:
+    """How much of ``agent``'s own training carried a gradient over ``cells`` (one recipe, any seeds), from the
+    per-step records of :func:`_step_summary`: ``rollout_accuracy`` (mean share of its rollouts verified right),
+    ``own_grad_frac`` (mean share of its own rows whose term in the loss had a gradient, the worker's
+    ``src/<own>/grad_frac``) and ``updates_with_grad`` / ``updates`` (optimizer updates whose gradient was not zero,
+    summed over steps and seeds). ``None`` when no step recorded them. A group whose rewards are all equal has
+    advantage 0 (``hacrl_fed.algo.advantages.group_advantages``), so a learner that never sees a success, alone
+    or in a joint group, has nothing to learn from.
+    """
+    steps = [s for c in cells for s in c["per_step"][agent] if s.get("own_grad_frac") is not None]
+    if not steps:
+        return None
+    updates = sum(s.get("updates") or 0 for s in steps)
+    return {"rollout_accuracy": statistics.fmean(s["accuracy"] or 0.0 for s in steps),
+            "own_grad_frac": statistics.fmean(s["own_grad_frac"] for s in steps),
+            "updates": updates, "updates_with_grad": updates - sum(s.get("zero_grad_updates") or 0 for s in steps)}
+
+
 def contributor_rows(step, learner: str, contributor: str) -> dict:
     """Where the rollout-only ``contributor``'s rows went in ``learner``'s update at one step (``step``: an
     :class:`inproc.StepResult`). Counts of rows (one row = one response):
@@ -454,6 +472,7 @@ def summarize(out: Path) -> dict:
                         base = by.get(base_recipe(r))
                         ag["tasks"][t]["vs_without_contrib"] = (paired_interval(by[r], base, a, e, only=only)
                                                                 if base else None)
+            ag["own_gradient"] = own_gradient(by[r], a)
             peers = [v for c in by[r] for s in c["per_step"][a] for v in s["peers"].values()]
             ag["peer_grad_frac"] = statistics.fmean(p["grad_frac"] for p in peers if p.get("grad_frac") is not None) \
                 if any(p.get("grad_frac") is not None for p in peers) else None
@@ -493,6 +512,26 @@ def _ci(t) -> str:
         return "—"
     m, lo, hi = t
     return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def _own_gradient_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """The table of :func:`own_gradient` per recipe and agent (empty when no cell recorded it)."""
+    if not any(rec["agents"][a].get("own_gradient") for rec in summary["recipes"].values() for a in agents):
+        return []
+    lines = ["## Own rows that carried a gradient", "",
+             "Over the training steps, mean over seeds: the share of the agent's rollouts verified right, of its own "
+             "rows whose loss term had a gradient (a group whose rewards are all equal has advantage 0), and the "
+             "optimizer updates with a non-zero gradient.", "",
+             "| recipe | " + " | ".join(f"{a}: rollouts right / own rows with a gradient / updates with a gradient"
+                                       for a in agents) + " |", "|---|" + "---|" * len(agents)]
+    for r, rec in summary["recipes"].items():
+        cells = []
+        for a in agents:
+            g = rec["agents"][a].get("own_gradient")
+            cells.append("–" if g is None else f"{100 * g['rollout_accuracy']:.1f} % / {100 * g['own_grad_frac']:.1f} % / "
+                         f"{g['updates_with_grad']:.0f} of {g['updates']:.0f}")
+        lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _pairwise_markdown(summary: dict, agents: list[str]) -> list[str]:
@@ -754,6 +793,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
     lines += _pairwise_markdown(summary, agents)
     lines += _contrib_markdown(summary, agents)
     lines += _tasks_markdown(summary, agents)
+    lines += _own_gradient_markdown(summary, agents)
     lines += ["## Peer rows that reached the gradient", "",
               "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",
               "|---|" + "---|" * len(agents)]

@@ -45,7 +45,7 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     assert summary["noise"]["llama-bpe"]["held_out"]["seeds"] == 2
     for section in ("## Noise and minimum detectable effect", "## Held-out task families", "## Per task",
                     "## Format or content", "## Does an agent gain most where its peer is stronger?",
-                    "## Outcomes on the held-out task families"):
+                    "## Outcomes on the held-out task families", "## Own rows that carried a gradient"):
         assert section in first
     again = _run(out)
     assert again.count("done already") == 4
@@ -101,3 +101,17 @@ def test_a_named_option_is_compared_with_the_same_recipe_without_it(tmp_path):
     assert got == paired_interval(cells["hacpo_cross_family_task"], cells["hacpo_cross_family"], "smollm2", "held_out")
     assert "hacpo_cross_family_task" not in summary["recipes"]["hacpo_cross_family"]["agents"]["smollm2"]["held_out"]["vs"]
     assert "| HACPO cross-family, capability per task − HACPO cross-family |" in (out / "results.md").read_text()
+
+
+def test_own_gradient_counts_rows_and_updates_that_carried_a_gradient():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_collab import own_gradient
+
+    def step(acc: float, frac: float, updates: int, zero: int) -> dict:
+        return {"accuracy": acc, "own_grad_frac": frac, "updates": updates, "zero_grad_updates": zero, "peers": {}}
+
+    seed0 = {"per_step": {"a": [step(0.0, 0.0, 2, 2), step(0.25, 0.5, 2, 0)]}}
+    seed1 = {"per_step": {"a": [step(0.5, 1.0, 2, 1), step(0.0, 0.0, 2, 2)]}}
+    got = own_gradient([seed0, seed1], "a")
+    assert got == {"rollout_accuracy": 0.1875, "own_grad_frac": 0.375, "updates": 8, "updates_with_grad": 3}
+    assert own_gradient([{"per_step": {"a": [{"accuracy": 0.0, "own_grad_frac": None, "peers": {}}]}}], "a") is None
