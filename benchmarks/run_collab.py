@@ -75,11 +75,12 @@ LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive
           "hacpo_cross_family_task": "HACPO cross-family, capability per task"}
 ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"}}
 """Recipes that are a preset with options; every other recipe is the preset of its name."""
-PAIRS = {name: f"examples/{file}" for name, file in {
-    "cross-family": "default.toml", "same-family": "same_family.toml", "tiny": "tiny.toml", "tasks": "tasks.toml",
-    "tiny-tasks": "tiny_tasks.toml", "episodes": "episodes.toml", "tiny-episodes": "tiny_episodes.toml"}.items()}
-PAIRS |= {"tasks-near-family": "benchmarks/configs/tasks_near_family.toml",   # ablations of tasks.toml, not examples
-          "tasks-families-trained": "benchmarks/configs/tasks_families_trained.toml"}
+PAIRS = {"cross-family": "examples/default.toml", "same-family": "examples/same_family.toml",
+         "tiny": "examples/tiny.toml", "tasks": "examples/tasks.toml", "tiny-tasks": "examples/tiny_tasks.toml",
+         "episodes": "examples/episodes.toml", "tiny-episodes": "examples/tiny_episodes.toml",
+         # ablations of tasks.toml, not examples
+         "tasks-near-family": "benchmarks/configs/tasks_near_family.toml",
+         "tasks-families-trained": "benchmarks/configs/tasks_families_trained.toml"}
 """Pair → base simulate config, relative to the repository root."""
 EVAL_SETS = ("held_out", "words")
 SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
@@ -528,8 +529,8 @@ def _own_gradient_markdown(summary: dict, agents: list[str]) -> list[str]:
         cells = []
         for a in agents:
             g = rec["agents"][a].get("own_gradient")
-            cells.append("–" if g is None else f"{100 * g['rollout_accuracy']:.1f} % / {100 * g['own_grad_frac']:.1f} % / "
-                         f"{g['updates_with_grad']:.0f} of {g['updates']:.0f}")
+            cells.append("–" if g is None else f"{100 * g['rollout_accuracy']:.1f} % / "
+                         f"{100 * g['own_grad_frac']:.1f} % / {g['updates_with_grad']:.0f} of {g['updates']:.0f}")
         lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
     return lines + [""]
 

@@ -117,9 +117,9 @@ def signal_share(*correct: dict[str, int], samples: int = 4) -> float:
 
     ``correct``: one map per agent, problem id → right samples of ``samples`` (the ``sampled`` record of a cell).
     With one map it is that agent's group of ``samples``; with several, the joint group of all of them (the
-    HACPO group, the paper's Eq. 6–7). Problems missing from a map count as all wrong. A group whose rewards are all
-    equal has advantage 0 exactly, in GRPO, GSPO and HACPO alike (:func:`hacrl_fed.algo.advantages.group_advantages`), so
-    this share bounds how much of a task a step can teach.
+    HACPO group, the paper's Eq. 6–7). Problems missing from a map count as all wrong. A group whose rewards are
+    all equal has advantage 0 exactly, in GRPO, GSPO and HACPO alike
+    (:func:`hacrl_fed.algo.advantages.group_advantages`), so this share bounds how much of a task a step can teach.
 
     >>> signal_share({"a": 0, "b": 2, "c": 4})
     0.3333333333333333
@@ -143,8 +143,8 @@ def _signal_table(by: dict, agents: list[str], labels: list[str]) -> list[str]:
     lines = ["", "## Groups that carry a gradient", "",
              "Share of the problems, %, whose sampled group has some right and some wrong responses (otherwise "
              "every advantage of the group is 0 and the task teaches nothing): each model's own group of its "
-             "samples" + (", and the joint group of both models' samples, as HACPO forms it (the paper's Eq. 6–7)" if joint
-                          else "") + ". Training on a task none of whose groups carries a gradient changes "
+             "samples" + (", and the joint group of both models' samples, as HACPO forms it (the paper's Eq. 6–7)"
+                          if joint else "") + ". Training on a task none of whose groups carries a gradient changes "
              "nothing, under any recipe.", "",
              "| task | " + " | ".join(f"{a} alone" for a in agents) + (" | joint |" if joint else " |"),
              "|---|" + "---|" * (len(agents) + joint)]
