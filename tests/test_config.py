@@ -227,3 +227,16 @@ def test_mixed_precision_and_behaviour_logprob_options():
         ModelConfig(name_or_path="m", dtype="bfloat16", autocast="bfloat16")
     with pytest.raises(ValueError, match="behaviour_logprobs"):
         ModelConfig(name_or_path="m", behaviour_logprobs="vllm")
+
+
+@pytest.mark.parametrize("name", ["tasks_near_family.toml", "tasks_families_trained.toml"])
+def test_task_ablations_differ_from_tasks_toml_only_in_their_tasks(name: str):
+    """The ablation configs of benchmarks/configs/ are copies of examples/tasks.toml whose cells pair with its
+    grid: only the run id, the number of training items and which tasks are trained or held out may differ."""
+    base = tomllib.loads((ROOT / "examples" / "tasks.toml").read_text(encoding="utf-8"))
+    ablation = tomllib.loads((ROOT / "benchmarks" / "configs" / name).read_text(encoding="utf-8"))
+    for cfg in (base, ablation):
+        del cfg["run"]["run_id"]
+        for key in ("num_problems", "tasks", "eval_tasks"):
+            cfg["run"]["data"].pop(key, None)
+    assert ablation == base
