@@ -601,10 +601,12 @@ def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
              f"(source `{site.get('source')}`, model `{site.get('api_model')}`; prompt from "
              f"`{site.get('prompt_from')}`): validated, re-verified and counted in the capability window like any "
              "site, its batch pooled, never trained. Δ: recipe + contributor − the same recipe without it, points, "
-             "mean [95 % interval], paired by seed and problem.", "",
-             "| recipe + contributor − recipe | "
-             + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets) + " |",
-             "|---|" + "---|" * (len(sets) * len(agents))]
+             "mean [95 % interval], paired by seed and problem."]
+    if site.get("command"):
+        lines += ["", f"Command: `{site['command']}`"]
+    lines += ["", "| recipe + contributor − recipe | "
+              + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets) + " |",
+              "|---|" + "---|" * (len(sets) * len(agents))]
     for r, rec in rows:
         lines.append(f"| {label(r)} − {label(base_recipe(r))} | " + " | ".join(
             _ci(rec["agents"][a][e].get("vs_without_contrib")) for a in agents for e in sets) + " |")
@@ -859,10 +861,13 @@ def check_contributor(path: Path, name: str, source: str) -> None:
 
 def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
     """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
-    the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described)."""
-    old = json.loads(path.read_text()).get("contributor") if path.exists() else None
-    site = contributor or old
-    return meta | ({"contributor": site} if site else {})
+    the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described).
+    A run that adds contributor cells to a directory keeps the directory's ``"command"`` (the one its cells
+    without a contributor came from); its own command is the contributor record's."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    site = contributor or old.get("contributor")
+    command = {"command": old["command"]} if contributor and old.get("command") else {}
+    return meta | command | ({"contributor": site} if site else {})
 
 
 def _cli() -> argparse.ArgumentParser:

@@ -103,12 +103,15 @@ def test_a_rollout_only_contributor_in_the_collaboration_benchmark(tmp_path, mon
             assert 0 <= c["grad_rows"] <= c["rows"] and "api" not in rec["peers"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["contributor"]["url"].startswith("http://127.0.0.1:") and set(meta["models"]) == set(LEARNERS)
+    # the directory's command stays the one of its cells without the contributor; the contributor's is its own
+    assert "--contributor" not in meta["command"] and "--contributor" in meta["contributor"]["command"]
 
     summary = json.loads((out / "results.json").read_text())
     with_c = summary["recipes"][f"{RECIPE}+contrib"]["agents"]["llama-bpe"]
     assert with_c["held_out"]["vs_without_contrib"] is not None
     assert with_c["contributor"]["delivered"] == 8 and with_c["contributor"]["share"] is not None
-    assert "## With a rollout-only contributor" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "## With a rollout-only contributor" in md and f"Command: `{meta['contributor']['command']}`" in md
     assert "contributor" not in summary["recipes"][RECIPE]["agents"]["llama-bpe"]
 
     with pytest.raises(SystemExit):      # the same directory never takes another contributor's cells
