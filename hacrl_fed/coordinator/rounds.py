@@ -431,12 +431,14 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
 
     Replies count for an agent only from the node holding its verified identity (:func:`eval_record`); when
     unnamed nodes answer before this process verified any batch (the evaluation before the first step, or
-    right after a restart), the record waits for the next step's batches (:attr:`Identities.held_eval`)."""
+    right after a restart), the record waits for the next step's batches (:attr:`Identities.held_eval`).
+    Rollout-only sites are not asked (they have no weights to evaluate, docs/cross-vendor.md), as far as this
+    process knows a node's agent: by the name it was registered with, or by the batches verified here."""
     run, s = setup.run, state.step
     due = s == 0 or s == run.steps or (run.eval_every > 0 and s % run.eval_every == 0)
     if not setup.held_out or not due or state.last_eval_step == s:
         return
-    nodes = _eligible(setup, transport)
+    nodes = [n for n in _eligible(setup, transport) if not _holds_rollout_only(setup, ids, n)]
     t0 = setup.clock()
     request = eval_request(setup.held_out, run)
     replies = _exchange(transport, [Order(n.node_id, "evaluate", request=request) for n in nodes],
@@ -448,6 +450,12 @@ def _maybe_evaluate(setup: Setup, transport: Transport, state: CoordinatorState,
         _flush_eval(setup, state, metrics, ids)
     else:
         log.info("eval after step %d: recorded once the next step's batches show which node is which agent", s)
+
+
+def _holds_rollout_only(setup: Setup, ids: Identities, node: Node) -> bool:
+    """``node`` speaks for a rollout-only agent: its registered name, or the agent whose batch it delivered."""
+    agents = {node.name} if node.name else {a for a, nid in ids.holders.items() if nid == node.node_id}
+    return any(rollout_only(setup.roster, a) for a in agents)
 
 
 def _flush_eval(setup: Setup, state: CoordinatorState, metrics: MetricsLog, ids: Identities) -> None:

@@ -55,3 +55,25 @@ def test_a_rollout_only_agent_is_pooled_and_never_trained(tmp_path, federation):
         c = r["agents"]["carol"]
         assert c["status"] == "contributed" and c["rows_accepted"] == 4 and "carol" in r["participants"]
         assert c["accuracy"] is not None and c["capability"] is not None   # re-verified, in the capability table
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_rollout_only_agent_is_never_sent_a_held_out_evaluation(tmp_path, federation, named):
+    """It has no weights to evaluate (its site refuses the order): the coordinator does not ask it. A registered
+    node is known by its name; an unnamed one once its batch was verified here (so only the evaluation before
+    the first step reaches it, and is refused there)."""
+    roster = roster_with_role(federation, tmp_path, {"carol": "rollout_only"})
+    run = RunConfig(run_id="run-e", steps=2, prompts_per_step=2, samples_per_prompt=2, min_agents=2, eval_every=1,
+                    data=DataConfig(num_problems=20, eval_size=2), max_batch_bytes=64 * 1024, join_timeout_s=0)
+    setup = Setup(run=run, roster=roster, verify=boxed_verify,
+                  sampler=PromptSampler(problems(20), batch_size=2, seed=0), run_dir=tmp_path / "run",
+                  held_out=problems(2, offset=50), sleep=lambda s: None)
+    k = federation.keys
+    transport = InProcessTransport([FakeSite(a, k[a]) for a in ("alice", "bob", "carol")], named=named)
+    run_coordinator(setup, transport)
+    evaluated = [[site for kind, site in ex if kind == "evaluate"] for ex in transport.exchanges]
+    evaluated = [sites for sites in evaluated if sites]
+    assert len(evaluated) == 3                                            # before step 1, after steps 1 and 2
+    assert all({"alice", "bob"} <= set(sites) for sites in evaluated)
+    asked = [i for i, sites in enumerate(evaluated) if "carol" in sites]
+    assert asked == ([] if named else [0]), evaluated

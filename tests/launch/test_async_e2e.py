@@ -1,6 +1,7 @@
 """Asynchronous rounds end to end: ``hacrl-fed server`` with ``run.mode = "async"`` and three ``hacrl-fed client``
-sites over a real SuperLink with TLS and SuperNode authentication; carol's site is made 3× slower
-(``agent.slowdown``). Every site makes its updates, the fast ones finish first, and learners train on peer batches
+sites over a real SuperLink with TLS and SuperNode authentication; carol's site is made 10× slower
+(``agent.slowdown``: a tiny model's call takes tens of milliseconds, and at 3× a loaded machine's jitter in the
+transport could reorder the last updates). Every site makes its updates, the fast ones finish first, and learners train on peer batches
 of other plans (their workers refuse none)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def deployment(tmp_path):
     text = server.read_text()
     server.write_text(text.replace("[run]\n", '[run]\nmode = "async"\n', 1).replace("steps = 6", f"steps = {STEPS}"))
     carol = dep.root / "carol.toml"
-    carol.write_text(carol.read_text().replace("[agent]\n", "[agent]\nslowdown = 3.0\n", 1))
+    carol.write_text(carol.read_text().replace("[agent]\n", "[agent]\nslowdown = 10.0\n", 1))
     yield dep
     dep.cleanup()
 
