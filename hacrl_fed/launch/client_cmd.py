@@ -336,7 +336,7 @@ def _run_site(cfg: ClientConfig, site_dir: Path, port: int | None, worker_addres
                 address, token = worker_address, read_token(token_file)
             health = wait_until_healthy(address, worker_timeout_s, token=token)
             check_worker_health(health, cfg, address)
-            if cfg.agent.endpoint is not None:   # a rollout-only site: nothing is trained here
+            if cfg.agent.rollout_only:   # nothing is trained here
                 log.info("worker %s ready at %s (rollout-only: its rollouts come from the endpoint)", name, address)
             else:
                 log.info("worker %s ready at %s (last trained step %d)", name, address, health.step)

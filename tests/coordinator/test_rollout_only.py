@@ -33,13 +33,20 @@ def test_roster_role_is_parsed_and_checked(federation, tmp_path):
         Roster.load(tmp_path / "bad.toml")
 
 
-def test_a_rollout_only_agent_is_pooled_and_never_trained(tmp_path, federation):
+def carol_rollout_only_setup(federation, tmp_path, *, steps: int, held_out=(), **run_kw) -> Setup:
+    """A coordinator set-up whose roster lists carol as rollout-only (alice and bob learn); ``run_kw`` go to
+    :class:`RunConfig`, ``held_out`` problems make it evaluate."""
     roster = roster_with_role(federation, tmp_path, {"carol": "rollout_only"})
-    run = RunConfig(run_id="run-r", steps=3, prompts_per_step=2, samples_per_prompt=2, min_agents=2,
-                    data=DataConfig(num_problems=20, eval_size=0), max_batch_bytes=64 * 1024, join_timeout_s=0)
-    setup = Setup(run=run, roster=roster, verify=boxed_verify,
-                  sampler=PromptSampler(problems(20), batch_size=2, seed=0), run_dir=tmp_path / "run",
-                  sleep=lambda s: None)
+    run = RunConfig(run_id="run-r", steps=steps, prompts_per_step=2, samples_per_prompt=2, min_agents=2,
+                    data=DataConfig(num_problems=20, eval_size=len(held_out)), max_batch_bytes=64 * 1024,
+                    join_timeout_s=0, **run_kw)
+    return Setup(run=run, roster=roster, verify=boxed_verify,
+                 sampler=PromptSampler(problems(20), batch_size=2, seed=0), run_dir=tmp_path / "run",
+                 held_out=list(held_out), sleep=lambda s: None)
+
+
+def test_a_rollout_only_agent_is_pooled_and_never_trained(tmp_path, federation):
+    setup = carol_rollout_only_setup(federation, tmp_path, steps=3)
     k = federation.keys
     alice, bob, carol = FakeSite("alice", k["alice"]), FakeSite("bob", k["bob"]), FakeSite("carol", k["carol"])
     transport = InProcessTransport([alice, bob, carol])
@@ -62,12 +69,7 @@ def test_a_rollout_only_agent_is_never_sent_a_held_out_evaluation(tmp_path, fede
     """It has no weights to evaluate (its site refuses the order): the coordinator does not ask it. A registered
     node is known by its name; an unnamed one once its batch was verified here (so only the evaluation before
     the first step reaches it, and is refused there)."""
-    roster = roster_with_role(federation, tmp_path, {"carol": "rollout_only"})
-    run = RunConfig(run_id="run-e", steps=2, prompts_per_step=2, samples_per_prompt=2, min_agents=2, eval_every=1,
-                    data=DataConfig(num_problems=20, eval_size=2), max_batch_bytes=64 * 1024, join_timeout_s=0)
-    setup = Setup(run=run, roster=roster, verify=boxed_verify,
-                  sampler=PromptSampler(problems(20), batch_size=2, seed=0), run_dir=tmp_path / "run",
-                  held_out=problems(2, offset=50), sleep=lambda s: None)
+    setup = carol_rollout_only_setup(federation, tmp_path, steps=2, held_out=problems(2, offset=50), eval_every=1)
     k = federation.keys
     transport = InProcessTransport([FakeSite(a, k[a]) for a in ("alice", "bob", "carol")], named=named)
     run_coordinator(setup, transport)
