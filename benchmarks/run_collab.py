@@ -150,7 +150,9 @@ def _step_summary(agent: str, step, contributors=()) -> dict:
     return {"step": step.step, "accuracy": step.accuracy.get(agent), "stop_frac": gen.get("stop_frac"),
             "generate_s": step.generate_s.get(agent), "train_s": step.train_s.get(agent),
             "own_grad_frac": own.get("grad_frac"), "updates": rep["metrics"].get("updates"),
-            "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers}
+            "zero_grad_updates": rep["metrics"].get("zero_grad_updates"), "peers": peers,
+            **({"turns_mean": gen["episode/turns_mean"], "done_frac": gen.get("episode/done_frac")}
+               if "episode/turns_mean" in gen else {})}
 
 
 def own_gradient(cells: list[dict], agent: str) -> dict | None:
@@ -160,15 +162,24 @@ def own_gradient(cells: list[dict], agent: str) -> dict | None:
     ``src/<own>/grad_frac``) and ``updates_with_grad`` / ``updates`` (optimizer updates whose gradient was not zero,
     summed over steps and seeds). ``None`` when no step recorded them. A group whose rewards are all equal has
     advantage 0 (``hacrl_fed.algo.advantages.group_advantages``), so a learner that never sees a success, alone
-    or in a joint group, has nothing to learn from.
+    or in a joint group, has nothing to learn from. On episodes ``rollout_accuracy`` is the mean episode reward
+    (P_t, partial rewards included); the cells that recorded the worker's episode metrics also give
+    ``turns_mean`` (agent turns per training episode, ``episode/turns_mean``), ``done_frac`` (share ended by the
+    environment, not by ``max_turns`` or the token budget) and ``turns_cells`` (how many cells recorded them).
     """
     steps = [s for c in cells for s in c["per_step"][agent] if s.get("own_grad_frac") is not None]
     if not steps:
         return None
     updates = sum(s.get("updates") or 0 for s in steps)
-    return {"rollout_accuracy": statistics.fmean(s["accuracy"] or 0.0 for s in steps),
-            "own_grad_frac": statistics.fmean(s["own_grad_frac"] for s in steps),
-            "updates": updates, "updates_with_grad": updates - sum(s.get("zero_grad_updates") or 0 for s in steps)}
+    out = {"rollout_accuracy": statistics.fmean(s["accuracy"] or 0.0 for s in steps),
+           "own_grad_frac": statistics.fmean(s["own_grad_frac"] for s in steps),
+           "updates": updates, "updates_with_grad": updates - sum(s.get("zero_grad_updates") or 0 for s in steps)}
+    played = [s for s in steps if s.get("turns_mean") is not None]
+    if played:
+        out["turns_mean"] = statistics.fmean(s["turns_mean"] for s in played)
+        out["done_frac"] = statistics.fmean(s.get("done_frac") or 0.0 for s in played)
+        out["turns_cells"] = sum(any(s.get("turns_mean") is not None for s in c["per_step"][agent]) for c in cells)
+    return out
 
 
 def contributor_rows(step, learner: str, contributor: str) -> dict:
@@ -519,19 +530,43 @@ def _own_gradient_markdown(summary: dict, agents: list[str]) -> list[str]:
     """The table of :func:`own_gradient` per recipe and agent (empty when no cell recorded it)."""
     if not any(rec["agents"][a].get("own_gradient") for rec in summary["recipes"].values() for a in agents):
         return []
+    episodes = "before_reward" in summary
+    right = "mean rollout reward" if episodes else "rollouts right"
     lines = ["## Own rows that carried a gradient", "",
-             "Over the training steps, mean over seeds: the share of the agent's rollouts verified right, of its own "
-             "rows whose loss term had a gradient (a group whose rewards are all equal has advantage 0), and the "
-             "optimizer updates with a non-zero gradient.", "",
-             "| recipe | " + " | ".join(f"{a}: rollouts right / own rows with a gradient / updates with a gradient"
+             "Over the training steps, mean over seeds: " + (
+                 "the agent's mean episode reward (×100, partial rewards included)" if episodes else
+                 "the share of the agent's rollouts verified right") + ", the share of its own rows whose loss term "
+             "had a gradient (a group whose rewards are all equal has advantage 0), and the optimizer updates with a "
+             "non-zero gradient.", "",
+             "| recipe | " + " | ".join(f"{a}: {right} / own rows with a gradient / updates with a gradient"
                                        for a in agents) + " |", "|---|" + "---|" * len(agents)]
     for r, rec in summary["recipes"].items():
         cells = []
         for a in agents:
             g = rec["agents"][a].get("own_gradient")
-            cells.append("–" if g is None else f"{100 * g['rollout_accuracy']:.1f} % / "
+            cells.append("–" if g is None else f"{100 * g['rollout_accuracy']:.1f}{'' if episodes else ' %'} / "
                          f"{100 * g['own_grad_frac']:.1f} % / {g['updates_with_grad']:.0f} of {g['updates']:.0f}")
         lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
+    return lines + [""] + _turns_markdown(summary, agents)
+
+
+def _turns_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """Episode cells: agent turns per training episode and the share the environment ended (:func:`own_gradient`);
+    empty when no cell recorded them."""
+    grads = {(r, a): rec["agents"][a].get("own_gradient") or {} for r, rec in summary["recipes"].items()
+             for a in agents}
+    if not any("turns_mean" in g for g in grads.values()):
+        return []
+    lines = ["## Turns per episode in training", "",
+             "Agent turns per training episode and the share of episodes the game ended (the rest stopped at "
+             "`max_turns` or the token budget), mean over steps and the seeds that recorded them.", "",
+             "| recipe | seeds recorded | " + " | ".join(f"{a}: turns / ended by the game" for a in agents) + " |",
+             "|---|---|" + "---|" * len(agents)]
+    for r, rec in summary["recipes"].items():
+        g = [grads[r, a] for a in agents]
+        cells = ["–" if "turns_mean" not in x else f"{x['turns_mean']:.1f} / {100 * x['done_frac']:.0f} %" for x in g]
+        seeds = max((x.get("turns_cells", 0) for x in g), default=0)
+        lines.append(f"| {label(r)} | {seeds} of {len(rec['seeds'])} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

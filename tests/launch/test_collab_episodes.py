@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from run_collab import accuracy, paired_interval, reward_of, summarize  # noqa: E402
+from inproc import StepResult  # noqa: E402
+from run_collab import _step_summary, accuracy, paired_interval, reward_of, summarize  # noqa: E402
 
 AGENTS = ("a", "b")
 
@@ -60,3 +61,40 @@ def test_the_reward_pairing_and_the_win_rate_read_the_same_entries():
     assert paired_interval(a, b, "x", "held_out", value=reward_of)[0] == pytest.approx(0.375)
     assert paired_interval(a, b, "x", "held_out")[0] == pytest.approx(0.5)   # wins: 1 of 2 against 0 of 2
     assert accuracy({"p0": 0.99, "p1": 1.0}) == 0.5
+
+
+def test_turns_per_training_episode_are_averaged_over_the_cells_that_recorded_them(tmp_path):
+    out = tmp_path / "collab"
+    (out / "cells").mkdir(parents=True)
+    meta = {"command": "run_collab.py --pair episodes", "pair": "episodes", "steps": 2, "seeds": 2,
+            "prompts_per_step": 2, "samples_per_prompt": 2, "eval_size": 2, "models": {a: a for a in AGENTS},
+            "eval_sets": ["held_out"]}
+    (out / "meta.json").write_text(json.dumps(meta))
+    (out / "before.json").write_text(json.dumps({"agents": {a: {"held_out": {"guess-0": 0.5, "guess-1": 0.5}}
+                                                            for a in AGENTS}}))
+    for seed, turns in ((0, None), (1, (2.0, 4.0))):      # seed 0 written before turns were recorded
+        cell = _cell("gspo", seed, [0.5, 1.0])
+        for a in AGENTS:
+            cell["per_step"][a] = [{"step": i + 1, "accuracy": 0.6, "own_grad_frac": 0.5, "updates": 2.0,
+                                    "zero_grad_updates": 0.0, "peers": {}, "generate_s": 1.0, "train_s": 1.0,
+                                    **({} if turns is None else {"turns_mean": turns[i], "done_frac": 0.5 * i})}
+                                   for i in range(2)]
+        (out / "cells" / f"gspo-s{seed}.json").write_text(json.dumps(cell))
+    summary = summarize(out)
+
+    g = summary["recipes"]["gspo"]["agents"]["a"]["own_gradient"]
+    assert g["turns_mean"] == pytest.approx(3.0) and g["done_frac"] == pytest.approx(0.25) and g["turns_cells"] == 1
+    md = (out / "results.md").read_text()
+    assert "a: mean rollout reward / own rows with a gradient" in md and "| GSPO (isolated) | 60.0 / 50.0 % /" in md
+    assert "## Turns per episode in training" in md and "| GSPO (isolated) | 1 of 2 | 3.0 / 25 % | 3.0 / 25 % |" in md
+
+
+def test_a_step_summary_keeps_the_workers_episode_metrics_and_only_on_episodes():
+    report = {"metrics": {"updates": 2.0}, "per_source": {"a": {"grad_frac": 0.5}}}
+    played = StepResult(1, {"a": 0.4}, {"a": report}, {"a": 3.0}, {"a": 2.0},
+                        generate_metrics={"a": {"stop_frac": 1.0, "episode/turns_mean": 3.5,
+                                                "episode/done_frac": 0.75}})
+    s = _step_summary("a", played)
+    assert (s["turns_mean"], s["done_frac"], s["own_grad_frac"]) == (3.5, 0.75, 0.5)
+    one_shot = StepResult(1, {"a": 0.4}, {"a": report}, {"a": 3.0}, {"a": 2.0}, generate_metrics={"a": {}})
+    assert "turns_mean" not in _step_summary("a", one_shot)
