@@ -407,6 +407,8 @@ def simulate_cmd(
                                         "does not depend on it: the seeds come from run.seed, the step and the "
                                         "agent."),
     tls: bool = typer.Option(False, "--tls", help="TLS + SuperNode authentication on loopback (sets tls = true)."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Override run.steps, e.g. --steps 2 for a short "
+                                     "trial of a config."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue this run directory (configs and keys inside)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Live progress display."),
 ) -> None:
@@ -415,10 +417,13 @@ def simulate_cmd(
     from hacrl_fed.launch.simulate import SimulationError, default_config, run_simulation
 
     try:
-        if resume is not None and (config is not None or tls or output_dir is not None or run_name is not None):
+        if resume is not None and (config is not None or tls or output_dir is not None or run_name is not None
+                                   or steps is not None):
             raise ConfigError("--resume takes its configuration from the run directory; "
-                              "drop --config/--tls/--output-dir/--run-name")
-        cfg = None if resume is not None else load_config(config, SimulateConfig) if config else default_config()
+                              "drop --config/--tls/--output-dir/--run-name/--steps")
+        run = {"steps": steps} if steps is not None else None
+        cfg = None if resume is not None else load_config(config, SimulateConfig, run=run) if config \
+            else default_config(run=run)
         if cfg is not None and tls:
             cfg.tls = True
         from hacrl_fed.launch.preflight import check_resume, check_simulate

@@ -581,9 +581,22 @@ MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read."""
 
 
-def load_config(path: str | Path, model: type[M]) -> M:
-    """Read a TOML file and validate it. Raises :class:`ConfigError` (missing file, not a regular file, larger
-    than :data:`MAX_CONFIG_BYTES`, bad TOML, schema)."""
+def override_run(data: dict, run: dict | None) -> dict:
+    """``data`` (a config mapping) with ``run``'s keys set in its ``[run]`` table (command-line overrides such as
+    ``hacrl-fed simulate --steps``), before validation, so that what derives from them (a schedule spanning
+    ``run.steps``) follows. ``data`` is not modified."""
+    if not run:
+        return data
+    table = data.get("run", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[run] must be a table")
+    return {**data, "run": {**table, **run}}
+
+
+def load_config(path: str | Path, model: type[M], *, run: dict | None = None) -> M:
+    """Read a TOML file and validate it; ``run``: overrides of its ``[run]`` keys (:func:`override_run`). Raises
+    :class:`ConfigError` (missing file, not a regular file, larger than :data:`MAX_CONFIG_BYTES`, bad TOML,
+    schema)."""
     p = Path(path)
     try:
         if not stat.S_ISREG(p.stat().st_mode):  # a directory, a device, a FIFO: never opened
@@ -601,4 +614,4 @@ def load_config(path: str | Path, model: type[M]) -> M:
         raise ConfigError(f"{p}: not valid TOML: {err}") from None
     except RecursionError:
         raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
-    return parse_config(data, model, source=str(p))
+    return parse_config(override_run(data, run), model, source=str(p))

@@ -24,6 +24,7 @@ from hacrl_fed.config import (
     ServerConfig,
     SimulateConfig,
     SuperLinkConfig,
+    override_run,
 )
 from hacrl_fed.launch.client_cmd import resolve_client_config
 from hacrl_fed.launch.server_cmd import resolve_server_config
@@ -60,9 +61,9 @@ arithmetic problems, a few steps of HACPO cross-family (Gemma at lr 1e-6, docs/b
 stability") sized for about 10 minutes on 2 CPU cores."""
 
 
-def default_config() -> SimulateConfig:
-    """:data:`DEFAULT_CONFIG` validated."""
-    return SimulateConfig.model_validate(DEFAULT_CONFIG)
+def default_config(*, run: dict | None = None) -> SimulateConfig:
+    """:data:`DEFAULT_CONFIG` validated; ``run``: overrides of its ``[run]`` keys (``config.override_run``)."""
+    return SimulateConfig.model_validate(override_run(DEFAULT_CONFIG, run))
 
 
 @dataclass

@@ -227,3 +227,31 @@ def test_report_from_metrics(tmp_path):
 
     assert plot_report(report, tmp_path / "plot.png").stat().st_size > 0
     assert summary_table(report).columns[4].header == "peer grad"
+
+
+def test_steps_overrides_run_steps_before_validation_so_a_schedule_spans_the_shorter_run(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import hacrl_fed.launch.preflight as preflight
+    import hacrl_fed.launch.simulate as simulate
+    from hacrl_fed.cli import app
+
+    config = tmp_path / "sched.toml"
+    config.write_text(TINY.read_text().replace("optim = { lr = 1e-4 }",
+                                               "optim = { lr = 1e-4, lr_scheduler_type = \"cosine\" }", 1))
+    seen = []
+    monkeypatch.setattr(preflight, "check_simulate", lambda cfg, output_dir: None)
+    monkeypatch.setattr(simulate, "run_simulation", lambda cfg, **kw: seen.append(cfg) or simulate.SimulationResult(
+        run_dir=tmp_path, exit_code=0))
+    runner = CliRunner()
+    for args in ([], ["--config", str(config)]):
+        result = runner.invoke(app, ["simulate", *args, "--steps", "1", "--no-progress"])
+        assert result.exit_code == 0, result.output
+    assert [c.run.steps for c in seen] == [1, 1]
+    assert seen[1].agents[0].optim.schedule_steps == 1            # from run.steps, as if the file said 1
+    assert load_config(config, SimulateConfig).agents[0].optim.schedule_steps == \
+        load_config(config, SimulateConfig).run.steps == 2
+    for bad in (["--steps", "0"], ["--resume", str(tmp_path), "--steps", "2"]):
+        result = runner.invoke(app, ["simulate", *bad, "--no-progress"])
+        assert result.exit_code == 2 and not seen[2:], result.output
+    assert "drop --config/--tls/--output-dir/--run-name/--steps" in result.stderr
