@@ -281,15 +281,37 @@ class SiteGuard:
                     kept.append(cut_rollout(r, int(d.keep_bytes or 0)))
             kept = self._cut_keys(src, kept, keys, licensed, styles)
             kept = self._cut_recurring(src, kept, excluded, styles)
-            weight = self.weight(src)
-            if weight == 0.0:
-                standing = self.standing[src]
-                self._count(src, "quarantined_rows", len(foreign[src]))
-                self._refused.append(f"{src}: quarantined by this site since step {standing.since_step} "
-                                     f"({standing.reason}); its {len(foreign[src])} rows are not trained")
-                continue
-            out[src] = kept
+            if not self._left_out_quarantined(src, len(foreign[src])):
+                out[src] = kept
         return out
+
+    def pass_episodes(self, foreign: Mapping[str, Sequence[pb.Rollout]],
+                      rewards: Mapping[RowKey, float] | None = None) -> dict[str, list[pb.Rollout]]:
+        """The foreign episode rollouts to train on (docs/multi-turn.md). The text screens read one-shot responses
+        and do not run on episodes, whose check is the replay in :meth:`reverify`; the rows are still counted as
+        seen (``src/<agent>/screen_rows``, ``rewarded_rows``), a quarantined source's rows are left out as by
+        :meth:`screen_text`, and the likelihood screen (:meth:`gate`) weighs every row in the update."""
+        if not self.cfg.enabled:
+            return {s: list(rs) for s, rs in foreign.items()}
+        out: dict[str, list[pb.Rollout]] = {}
+        for src in sorted(foreign):
+            for r in foreign[src]:
+                self._count(src, "rows")
+                self._count(src, "rewarded_rows",
+                            float((rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0))
+            if not self._left_out_quarantined(src, len(foreign[src])):
+                out[src] = list(foreign[src])
+        return out
+
+    def _left_out_quarantined(self, src: str, rows: int) -> bool:
+        """True when ``src`` is quarantined here: its ``rows`` rows are counted and one refusal line is kept."""
+        if self.weight(src) != 0.0:
+            return False
+        standing = self.standing[src]
+        self._count(src, "quarantined_rows", rows)
+        self._refused.append(f"{src}: quarantined by this site since step {standing.since_step} "
+                             f"({standing.reason}); its {rows} rows are not trained")
+        return True
 
     def _observe_words(self, foreign: Mapping[str, Sequence[pb.Rollout]], own_texts: Mapping[tuple[str, int], str],
                        prompt_texts: Mapping[str, str]) -> dict[str, set[str]]:

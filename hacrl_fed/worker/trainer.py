@@ -318,7 +318,7 @@ class Trainer:
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, cat.prompts, rewards)
         if any(r.turns for rollouts in foreign.values() for r in rollouts):
-            return foreign   # episodes: replayed above; the text screens read one-shot responses only
+            return guard.pass_episodes(foreign, rewards)   # replayed above; the text screens read one-shot rows
         return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in cat.prompts.items()}, rewards,
                                  {pid: p.text for pid, p in cat.prompts.items()})
 

@@ -342,3 +342,18 @@ def test_a_row_two_screens_act_on_counts_once():
     assert metrics["src/mallory/screened_tail_cut"] == 2 and metrics["src/mallory/screened_likelihood"] == 1
     assert metrics["src/mallory/screened_rows"] == 2 and metrics["src/mallory/screened_out"] == 1
     assert metrics["src/mallory/rewarded_screened"] == 2 == metrics["src/mallory/rewarded_rows"]
+
+
+def test_episodes_skip_the_text_screens_but_are_counted_and_a_quarantined_sources_rows_left_out():
+    from hacrl_fed.screens.rules import SourceStanding
+
+    g = guard()
+    episode = [pb.Rollout(prompt_id=f"g{i}", sample_index=0, reward=float(i == 0)) for i in range(3)]
+    g.standing["mallory"] = SourceStanding(status="quarantined", since_step=1, reason="3 flagged steps")
+    g.begin_step(2, {})
+    out = g.pass_episodes({"peer": episode, "mallory": episode})
+    assert out == {"peer": episode}
+    metrics, refused = g.finish_step(["peer", "mallory"])
+    assert metrics["src/peer/screen_rows"] == 3 and metrics["src/peer/rewarded_rows"] == 1
+    assert metrics["src/mallory/quarantined_rows"] == 3 and metrics["src/peer/screened_rows"] == 0
+    assert refused == ["mallory: quarantined by this site since step 1 (3 flagged steps); its 3 rows are not trained"]

@@ -67,6 +67,8 @@ def test_sites_play_share_replay_and_train_on_each_others_episodes(make_sites, p
     assert not report.rejected, report.rejected
     per_source = {s.source_agent: dict(s.metrics) for s in report.per_source}
     assert per_source["bob"]["rows"] == 4 and per_source["alice"]["rows"] == 4
+    # the text screens do not read episodes, but the rows are counted as seen (the report's "peer grad" needs it)
+    assert per_source["bob"]["screen_rows"] == 4
     # bob's agent turns are trained in alice's tokens: a positive count, the environment's tokens left out
     assert 0 < per_source["bob"]["tokens"]
     assert any(not torch.equal(before[k], v) for k, v in alice.model.state_dict().items())
