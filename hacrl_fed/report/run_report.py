@@ -9,7 +9,11 @@ the size of the model's weights (what one FedAvg exchange would move).
 
 Metric glossary (per step, per learner k and source j ≠ k; ``report.json`` → ``steps[].agents``):
 
-* ``accuracy``: fraction of k's rollouts the coordinator verified correct.
+* ``accuracy``: fraction of k's rollouts the coordinator verified correct (on episodes, the mean episode reward
+  P_t, partial rewards included).
+* ``episode``: k's generate metrics of an episode step without the ``episode/`` prefix (``turns_mean``,
+  ``done_frac``, ``context_cut_frac``, docs/multi-turn.md); ``report.json`` → ``episodes`` sums them up per agent
+  with the held-out mean reward before and after (:func:`episode_summary`).
 * ``capability``: P̂_k, mean of k's last K per-step accuracies (hacpo-spec Eq. 9).
 * ``ratios[j]``: r_{j→k} = clip(P̂_j / P̂_k) the learner trained with (Eq. 10; 1 during warm-up).
 * ``cross[j].s_mean`` / ``s_min`` / ``s_max``: cross importance ratio s = exp(mean log π_k − mean log π_j,old)
@@ -96,6 +100,7 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
             "generate_s": a.get("generate_s"), "train_s": a.get("train_s"),
             "rss_bytes": max([x for x in (gen.get("rss_bytes"), train.get("rss_bytes")) if x is not None], default=None),
             "reward_disagreements": a.get("reward_disagreements"),
+            "episode": {k.removeprefix("episode/"): v for k, v in gen.items() if k.startswith("episode/")},
         }
     return {"step": rec["step"], "trained": rec.get("trained"), "interrupted": bool(rec.get("interrupted")),
             "timing": rec.get("timing", {}), "agents": agents}
@@ -151,6 +156,7 @@ def _eval_tasks(metrics: Mapping[str, Any]) -> dict[str, float]:
 def _evals(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"step": r["step"], "eval_s": r.get("eval_s"), "prompts": r.get("prompts"),
              "agents": {n: m.get("avg@1") for n, m in r.get("agents", {}).items()},
+             "reward_mean": {n: m["reward_mean"] for n, m in r.get("agents", {}).items() if "reward_mean" in m},
              "tasks": {n: t for n, m in r.get("agents", {}).items() if (t := _eval_tasks(m))},
              "errors": {n: m["error"] for n, m in r.get("agents", {}).items() if "error" in m}}
             for r in records if r.get("event") == "eval"]
@@ -221,6 +227,7 @@ def build_report(records: Sequence[Mapping[str, Any]], *, run_dir: str | Path, p
         "evals": evals, "steps": steps,
     }
     report["tasks"] = task_summary(report)
+    report["episodes"] = episode_summary(report)
     return report
 
 
@@ -372,6 +379,46 @@ def _md_tasks(report: Mapping[str, Any]) -> list[str]:
             *_md_table(["task", *(f"{n} held-out" for n in names), *(f"{n} rollouts / P̂(t)" for n in names)], rows)]
 
 
+def episode_summary(report: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per agent of an episode run (docs/multi-turn.md): the held-out mean episode reward before and after
+    (``reward_mean`` of the evaluations: a win is 1, a lost game its partial reward) and, over the steps, the
+    mean of ``episode/turns_mean`` (agent turns per training episode) and ``episode/done_frac`` (share the
+    environment ended). Empty for a run without episodes."""
+    evals = report["evals"]
+    before = evals[0].get("reward_mean", {}) if evals and evals[0]["step"] == 0 else {}
+    out: dict[str, dict[str, float | None]] = {}
+    for n in report["agents"]:
+        after = next((e["reward_mean"][n] for e in reversed(evals) if e["step"] > 0 and n in e.get("reward_mean", {})),
+                     None)
+        played = [s["agents"][n]["episode"] for s in report["steps"] if s["agents"].get(n, {}).get("episode")]
+        if before.get(n) is None and after is None and not played:
+            continue
+        out[n] = {"reward_before": before.get(n), "reward_after": after,
+                  "turns_mean": _mean([p.get("turns_mean") for p in played]),
+                  "done_frac": _mean([p.get("done_frac") for p in played])}
+    return out
+
+
+def _md_episodes(report: Mapping[str, Any]) -> list[str]:
+    """The episode section of ``report.md`` (:func:`episode_summary`); empty for a run without episodes."""
+    per = episode_summary(report)
+    if not per:
+        return []
+    rows = [[n, f"{_f(_scaled(v['reward_before']))} → {_f(_scaled(v['reward_after']))}", _f(v["turns_mean"]),
+             _pct(v["done_frac"])] for n, v in per.items()]
+    return ["## Episodes", "", "Held-out: greedy, one episode per instance; \"before\" / \"after\" above are the share "
+            "won, the mean reward here counts a lost game's partial reward (×100). In the steps table `acc` is the "
+            "mean reward of the step's episodes (P_t), partial rewards included. Turns: agent turns per training "
+            "episode, mean over the steps; ended: the share the game ended (the rest stopped at `max_turns` or "
+            "`model.max_episode_tokens`).", "",
+            *_md_table(["agent", "held-out mean reward before → after", "turns per episode", "ended by the game"],
+                       rows)]
+
+
+def _scaled(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
 def _md_screens(report: Mapping[str, Any]) -> list[str]:
     """Per learner and source over the run: rows seen, screened by reason, disagreements, last standing."""
     total: dict[tuple[str, str], dict[str, float]] = {}
@@ -413,6 +460,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
               "its exported safetensors, what one FedAvg exchange would move.", "", "## Steps", ""]
     lines += _md_steps(report)
     lines += _md_tasks(report)
+    lines += _md_episodes(report)
     lines += _md_screens(report)
     lines += ["## Where the time went", ""]
     lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
