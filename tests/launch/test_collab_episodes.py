@@ -27,13 +27,19 @@ def _cell(recipe: str, seed: int, rewards: list[float]) -> dict:
             "per_step": {a: [dict(step)] for a in AGENTS}}
 
 
-def test_episode_cells_give_the_win_rate_and_the_mean_reward_with_paired_intervals(tmp_path):
+def _out_dir(tmp_path: Path, *, steps: int, eval_size: int) -> Path:
+    """A results directory with its meta.json for two seeds of the ``episodes`` pair, and no cells yet."""
     out = tmp_path / "collab"
     (out / "cells").mkdir(parents=True)
-    meta = {"command": "run_collab.py --pair episodes", "pair": "episodes", "steps": 1, "seeds": 2,
-            "prompts_per_step": 2, "samples_per_prompt": 2, "eval_size": 4, "models": {a: a for a in AGENTS},
+    meta = {"command": "run_collab.py --pair episodes", "pair": "episodes", "steps": steps, "seeds": 2,
+            "prompts_per_step": 2, "samples_per_prompt": 2, "eval_size": eval_size, "models": {a: a for a in AGENTS},
             "eval_sets": ["held_out"]}
     (out / "meta.json").write_text(json.dumps(meta))
+    return out
+
+
+def test_episode_cells_give_the_win_rate_and_the_mean_reward_with_paired_intervals(tmp_path):
+    out = _out_dir(tmp_path, steps=1, eval_size=4)
     before = [0.0, 0.2, 0.4, 1.0]
     (out / "before.json").write_text(json.dumps({"agents": {a: {"held_out": {f"guess-{i}": x for i, x in
                                                                               enumerate(before)}} for a in AGENTS}}))
@@ -64,12 +70,7 @@ def test_the_reward_pairing_and_the_win_rate_read_the_same_entries():
 
 
 def test_turns_per_training_episode_are_averaged_over_the_cells_that_recorded_them(tmp_path):
-    out = tmp_path / "collab"
-    (out / "cells").mkdir(parents=True)
-    meta = {"command": "run_collab.py --pair episodes", "pair": "episodes", "steps": 2, "seeds": 2,
-            "prompts_per_step": 2, "samples_per_prompt": 2, "eval_size": 2, "models": {a: a for a in AGENTS},
-            "eval_sets": ["held_out"]}
-    (out / "meta.json").write_text(json.dumps(meta))
+    out = _out_dir(tmp_path, steps=2, eval_size=2)
     (out / "before.json").write_text(json.dumps({"agents": {a: {"held_out": {"guess-0": 0.5, "guess-1": 0.5}}
                                                             for a in AGENTS}}))
     for seed, turns in ((0, None), (1, (2.0, 4.0))):      # seed 0 written before turns were recorded
