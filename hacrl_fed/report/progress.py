@@ -148,13 +148,15 @@ class SimulationView:
     def _header(self) -> Table:
         run = self.cfg.run
         table = Table(title=f"hacrl-fed simulate → {self.run_dir}", title_justify="left")
-        for col in ("agent", "model", "device", "algo", "lr", "max resp tokens"):
+        episodes = run.data.source == "episodes"   # a row is a whole episode: its budget is max_episode_tokens
+        for col in ("agent", "model", "device", "algo", "lr", "max episode tokens" if episodes else "max resp tokens"):
             table.add_column(col)
         for a in self.cfg.agents:
             table.add_row(a.name, a.model.name_or_path, a.model.device, a.algo.name, f"{a.optim.lr:g}",
-                          str(a.model.max_response_tokens))
+                          str(a.model.max_episode_tokens if episodes else a.model.max_response_tokens))
+        per_turn = f" per turn, at most {run.data.max_turns} turns" if episodes else ""
         table.caption = (f"{run.steps} steps · B={run.prompts_per_step} prompts × G={run.samples_per_prompt} samples · "
-                         f"max_new_tokens {run.sampling.max_new_tokens} · T={run.sampling.temperature:g} · data "
+                         f"max_new_tokens {run.sampling.max_new_tokens}{per_turn} · T={run.sampling.temperature:g} · data "
                          f"{run.data.source} ({_held_out(run.data)}) · {'TLS' if self.cfg.tls else 'insecure'} loopback")
         return table
 

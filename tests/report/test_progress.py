@@ -68,3 +68,21 @@ def test_the_evaluation_before_training_is_not_called_after_step_0(tmp_path):
     text = out.getvalue()
     assert "held-out accuracy before training (16 problems, greedy, 14 s): gemma3 0.625 | smollm2 0.375" in text
     assert f"held-out accuracy after step {cfg.run.steps} (16 problems" in text and "after step 0" not in text
+
+
+def test_the_header_of_an_episode_run_gives_its_token_budgets(tmp_path):
+    from pathlib import Path
+
+    from hacrl_fed.config import SimulateConfig, load_config
+
+    root = Path(__file__).resolve().parents[2]
+    for config, wanted, unwanted in (
+            ("episodes.toml", ("max episode tokens", "max_new_tokens 16 per turn, at most 6 turns", "1024"),
+             "max resp tokens"),
+            ("default.toml", ("max resp tokens",), "per turn")):
+        out = io.StringIO()
+        with SimulationView(load_config(root / "examples" / config, SimulateConfig), tmp_path,
+                            console=Console(file=out, width=250), enabled=False):
+            pass
+        text = out.getvalue()
+        assert all(w in text for w in wanted) and unwanted not in text, text
