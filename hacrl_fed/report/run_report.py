@@ -180,14 +180,21 @@ def _phases(steps: Sequence[Mapping[str, Any]], evals: Sequence[Mapping[str, Any
     return out
 
 
+def _before_after(evals: Sequence[Mapping[str, Any]], name: str, key: str) -> tuple[Any, Any]:
+    """One agent's value in the evaluations' ``key`` map (``agents``: avg@1, ``reward_mean``) before training (the
+    evaluation at step 0) and after (the last evaluation after training that has the agent: one per site in an
+    asynchronous run, docs/async.md); None where there is none."""
+    before = evals[0].get(key, {}).get(name) if evals and evals[0]["step"] == 0 else None
+    after = next((e[key][name] for e in reversed(evals) if e["step"] > 0 and name in e.get(key, {})), None)
+    return before, after
+
+
 def _agent_summary(name: str, info: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                    evals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     mine = [s["agents"][name] for s in steps if name in s["agents"]]
     wire = _mean([m["wire_bytes"] for m in mine])
     weights = _weight_bytes(info.get("export_dir"))  # type: ignore[arg-type]
-    before = evals[0]["agents"].get(name) if evals and evals[0]["step"] == 0 else None
-    # the last evaluation after training that has the agent (one per site in an asynchronous run, docs/async.md)
-    after = next((e["agents"][name] for e in reversed(evals) if e["step"] > 0 and name in e["agents"]), None)
+    before, after = _before_after(evals, name, "agents")
     rss = [m["rss_bytes"] for m in mine if m["rss_bytes"] is not None]
     return {
         **{k: info.get(k) for k in ("model", "device", "load_s", "export_dir", "export_error", "peak_rss_bytes")},
@@ -384,16 +391,13 @@ def episode_summary(report: Mapping[str, Any]) -> dict[str, dict[str, float | No
     (``reward_mean`` of the evaluations: a win is 1, a lost game its partial reward) and, over the steps, the
     mean of ``episode/turns_mean`` (agent turns per training episode) and ``episode/done_frac`` (share the
     environment ended). Empty for a run without episodes."""
-    evals = report["evals"]
-    before = evals[0].get("reward_mean", {}) if evals and evals[0]["step"] == 0 else {}
     out: dict[str, dict[str, float | None]] = {}
     for n in report["agents"]:
-        after = next((e["reward_mean"][n] for e in reversed(evals) if e["step"] > 0 and n in e.get("reward_mean", {})),
-                     None)
+        before, after = _before_after(report["evals"], n, "reward_mean")
         played = [s["agents"][n]["episode"] for s in report["steps"] if s["agents"].get(n, {}).get("episode")]
-        if before.get(n) is None and after is None and not played:
+        if before is None and after is None and not played:
             continue
-        out[n] = {"reward_before": before.get(n), "reward_after": after,
+        out[n] = {"reward_before": before, "reward_after": after,
                   "turns_mean": _mean([p.get("turns_mean") for p in played]),
                   "done_frac": _mean([p.get("done_frac") for p in played])}
     return out

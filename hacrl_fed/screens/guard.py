@@ -260,9 +260,7 @@ class SiteGuard:
         for src in sorted(foreign):
             kept: list[pb.Rollout] = []
             for r in foreign[src]:
-                self._count(src, "rows")
-                rewarded = (rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0
-                self._count(src, "rewarded_rows", float(rewarded))
+                rewarded = self._count_seen(src, r, rewards)
                 content = r.response_text.lstrip()
                 nbytes = len(content.encode("utf-8"))
                 end = answer_end(content, styles.get(r.prompt_id) or "boxed")
@@ -296,12 +294,18 @@ class SiteGuard:
         out: dict[str, list[pb.Rollout]] = {}
         for src in sorted(foreign):
             for r in foreign[src]:
-                self._count(src, "rows")
-                self._count(src, "rewarded_rows",
-                            float((rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0))
+                self._count_seen(src, r, rewards)
             if not self._left_out_quarantined(src, len(foreign[src])):
                 out[src] = list(foreign[src])
         return out
+
+    def _count_seen(self, src: str, r: pb.Rollout, rewards: Mapping[RowKey, float] | None) -> bool:
+        """Count one of ``src``'s rows as seen (``rows``, and ``rewarded_rows`` when the reward trained on, default
+        the row's own, is positive); returns whether it is rewarded."""
+        self._count(src, "rows")
+        rewarded = (rewards or {}).get((src, r.prompt_id, r.sample_index), r.reward) > 0
+        self._count(src, "rewarded_rows", float(rewarded))
+        return rewarded
 
     def _left_out_quarantined(self, src: str, rows: int) -> bool:
         """True when ``src`` is quarantined here: its ``rows`` rows are counted and one refusal line is kept."""
