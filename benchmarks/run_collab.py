@@ -318,20 +318,23 @@ def eval_sets_of(meta: dict) -> tuple[str, ...]:
 
 
 def noise(cells: list[dict], agent: str, eval_set: str) -> dict:
-    """Noise of one recipe's accuracy for one agent (``cells``: its seeds): the between-seed standard deviation,
-    the evaluation (binomial) standard deviation of one cell with n problems, and the minimum detectable effect
-    (80 % power, two-sided 5 %) of a difference between two recipes with as many seeds, paired by seed and
-    problem: MDE = (z_0.975 + z_0.8) · √2 · sd_seed / √S, sd_seed taken as at least the binomial sd (a seed's
-    accuracy holds its evaluation noise); ``seeds_for_5_points`` solves the same formula for S at MDE = 0.05."""
+    """Noise of one recipe's accuracy for one agent (``cells``: its seeds): ``sd_between``, the standard deviation
+    of the accuracy over seeds as observed; ``sd_eval``, the evaluation (binomial) standard deviation of one cell
+    with n problems; ``sd_seed``, the larger of the two (a seed's accuracy holds its evaluation noise, so two
+    seeds that happen to agree do not make the design noiseless); and the minimum detectable effect (80 % power,
+    two-sided 5 %) of a difference between two recipes with as many seeds, paired by seed and problem:
+    MDE = (z_0.975 + z_0.8) · √2 · sd_seed / √S. ``seeds_for_5_points`` solves the same formula for S at
+    MDE = 0.05. All are fractions (0.05 = 5 points)."""
     xs = [accuracy(c["after"][agent][eval_set]) for c in cells]
     n = len(cells[0]["after"][agent][eval_set]) if cells else 0
     if len(xs) < 2 or not n:
-        return {"seeds": len(xs), "problems": n, "sd_seed": None, "sd_eval": None, "mde": None,
-                "seeds_for_5_points": None}
+        return {"seeds": len(xs), "problems": n, "sd_between": None, "sd_seed": None, "sd_eval": None,
+                "mde": None, "seeds_for_5_points": None}
     p = statistics.fmean(xs)
     sd_eval = math.sqrt(max(p * (1 - p), 1e-12) / n)
-    sd_seed = max(statistics.stdev(xs), sd_eval)
-    return {"seeds": len(xs), "problems": n, "sd_seed": sd_seed, "sd_eval": sd_eval,
+    sd_between = statistics.stdev(xs)
+    sd_seed = max(sd_between, sd_eval)
+    return {"seeds": len(xs), "problems": n, "sd_between": sd_between, "sd_seed": sd_seed, "sd_eval": sd_eval,
             "mde": (1.96 + 0.8416) * math.sqrt(2) * sd_seed / math.sqrt(len(xs)),
             "seeds_for_5_points": math.ceil(((1.96 + 0.8416) * math.sqrt(2) * sd_seed / 0.05) ** 2)}
 
@@ -669,18 +672,21 @@ def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:
         return []
     sets = eval_sets_of(summary["meta"])
     lines = ["## Noise and minimum detectable effect (isolated GSPO)", "",
-             "Between-seed sd of a cell's accuracy, the evaluation (binomial) sd of one cell, and the smallest "
+             "The sd of a cell's accuracy between seeds, the evaluation (binomial) sd of one cell, the larger of "
+             "the two (which the design uses: a seed's accuracy holds its evaluation noise), and the smallest "
              "difference between two recipes this design detects with 80 % power at two-sided 5 % "
              "(paired by seed and problem; `noise()` in this script), points, and the seeds per recipe that "
              "would detect 5 points.", "",
-             "| agent | set | seeds | problems | sd seed | sd evaluation | minimum detectable effect | seeds for 5 points |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| agent | set | seeds | problems | sd between seeds | sd evaluation | sd used | "
+             "minimum detectable effect | seeds for 5 points |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for a in agents:
         for e in sets:
             n = summary["noise"][a][e]
             f = (lambda x: "–" if x is None else f"{100 * x:.1f}")
-            lines.append(f"| {a} | {SET_TITLES[e][1]} | {n['seeds']} | {n['problems']} | {f(n['sd_seed'])} | "
-                         f"{f(n['sd_eval'])} | {f(n['mde'])} | {n.get('seeds_for_5_points') or '–'} |")
+            lines.append(f"| {a} | {SET_TITLES[e][1]} | {n['seeds']} | {n['problems']} | "
+                         f"{f(n.get('sd_between'))} | {f(n['sd_eval'])} | {f(n['sd_seed'])} | {f(n['mde'])} | "
+                         f"{n.get('seeds_for_5_points') or '–'} |")
     observed = [(r, a, e, rec["agents"][a][e]["mde_vs_gspo"]) for r, rec in summary["recipes"].items()
                 for a in agents for e in sets if (rec["agents"][a][e].get("mde_vs_gspo") or {}).get("mde") is not None]
     if observed:

@@ -204,7 +204,7 @@ def render_prompt(tokenizer, problem: str, *, system_prompt: str, template: Temp
 
 
 def prompt_record(tokenizer, *, system_prompt: str, template: Template = "auto", stop: list[str] | None = None,
-                  eos_token_ids=()) -> dict[str, Any]:
+                  eos_token_ids=(), example: str | None = None) -> dict[str, Any]:
     """How a model is prompted in training, as :data:`PROMPT_FILE` holds it (JSON-ready).
 
     Keys: ``format`` (:data:`PROMPT_FORMAT`); ``template`` (``"chat"``: the tokenizer's chat template;
@@ -213,17 +213,19 @@ def prompt_record(tokenizer, *, system_prompt: str, template: Template = "auto",
     ``eos_token_ids`` (every id that ends a response); ``response_separator`` (what a response's text follows
     the prompt with); ``plain_template`` (the format string, or null for ``chat``); ``messages`` (what
     ``apply_chat_template(messages, add_generation_prompt=True)`` takes to render the prompt of
-    :data:`EXAMPLE_PROBLEM`: [system, user], or one user turn with the system prompt folded in when the template
+    ``example`` (:data:`EXAMPLE_PROBLEM` when ``None``; a worker passes a prompt it played, for an episode its
+    first observation): [system, user], or one user turn with the system prompt folded in when the template
     has no system role) and ``prompt`` (that rendered text, special tokens written out).
     Raises ``ValueError`` for an unknown template name.
     """
+    problem = EXAMPLE_PROBLEM if example is None else example
     chat = _uses_chat_template(tokenizer, template)
     if chat:
-        messages, text = _chat_render(tokenizer, EXAMPLE_PROBLEM, system_prompt)
+        messages, text = _chat_render(tokenizer, problem, system_prompt)
     else:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
-                   [{"role": "user", "content": EXAMPLE_PROBLEM}]
-        text = render_prompt_text(tokenizer, EXAMPLE_PROBLEM, system_prompt=system_prompt, template="plain")
+                   [{"role": "user", "content": problem}]
+        text = render_prompt_text(tokenizer, problem, system_prompt=system_prompt, template="plain")
     return {
         "format": PROMPT_FORMAT,
         "template": "chat" if chat else "plain",
@@ -232,7 +234,7 @@ def prompt_record(tokenizer, *, system_prompt: str, template: Template = "auto",
         "eos_token_ids": [int(t) for t in eos_token_ids],
         "response_separator": response_separator(tokenizer, template),
         "plain_template": None if chat else PLAIN_TEMPLATE,
-        "example": {"problem": EXAMPLE_PROBLEM, "messages": messages, "prompt": text},
+        "example": {"problem": problem, "messages": messages, "prompt": text},
     }
 
 

@@ -56,8 +56,9 @@ class _Count(ProgressColumn):
         return Text("" if task.total is None else f"{task.completed:.0f}/{task.total:.0f}")
 
 
-def agent_line(name: str, status: dict[str, Any], now: float | None = None) -> str:
-    """What agent ``name``'s worker is doing, from its status file (:mod:`hacrl_fed.status`)."""
+def agent_line(name: str, status: dict[str, Any], now: float | None = None, *, unit: str = "problems") -> str:
+    """What agent ``name``'s worker is doing, from its status file (:mod:`hacrl_fed.status`). ``unit`` names
+    what the held-out evaluation counts ("episodes" on a multi-turn run)."""
     phase = status.get("phase", "?")
     step = status.get("step")
     seconds = max(0.0, (now if now is not None else time.time()) - float(status.get("since", 0) or 0))
@@ -73,7 +74,7 @@ def agent_line(name: str, status: dict[str, Any], now: float | None = None) -> s
         mb = f" — mini-batch {status['update']}/{status['updates']}" if status.get("updates") else ""
         text = f"training step {step}{mb}"
     elif phase == "evaluating":
-        text = f"evaluating the model of step {step} ({status.get('problems', '?')} problems){rate}"
+        text = f"evaluating the model of step {step} ({status.get('problems', '?')} {unit}){rate}"
     elif phase == "idle":
         text = f"waiting for the coordinator (last step trained: {step or 0})"
     else:
@@ -132,6 +133,8 @@ class SimulationView:
         self.run_dir = run_dir
         self.console = console or Console()
         self.steps = cfg.run.steps
+        self.episodes = cfg.run.data.source == "episodes"
+        self.unit = "episodes" if self.episodes else "problems"   # what the held-out evaluation counts
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.tasks: dict[str, TaskID] = {}
@@ -181,7 +184,7 @@ class SimulationView:
     def status(self, name: str, status: dict[str, Any]) -> None:
         """The worker of ``name`` reported ``status`` (its status file): its line shows the phase."""
         self._task(f"agent/{name}", name)
-        self.progress.update(self.tasks[f"agent/{name}"], description=agent_line(name, status))
+        self.progress.update(self.tasks[f"agent/{name}"], description=agent_line(name, status, unit=self.unit))
         if isinstance(status.get("disk"), dict):
             self.disks[name] = status["disk"]
 
@@ -221,9 +224,11 @@ class SimulationView:
         key = "eval/0" if step == 0 else "eval/end" if step >= self.steps else f"eval/{step}"
         self._done(key)
         accs = " | ".join(f"{n} {m['error']}" if "error" in m else f"{n} {_num(m.get('avg@1'), '.3f')}"
+                          + (f" (mean reward {_num(m.get('reward_mean'), '.3f')})" if self.episodes else "")
                           for n, m in sorted(rec.get("agents", {}).items()))
         when = "before training" if step == 0 else f"after step {step}"
-        self.message(f"held-out accuracy {when} ({rec.get('prompts', 0)} problems, greedy, "
+        what = "success" if self.episodes else "accuracy"   # an episode's avg@1 is the share it solved (won)
+        self.message(f"held-out {what} {when} ({rec.get('prompts', 0)} {self.unit}, greedy, "
                      f"{rec.get('eval_s', 0):.0f} s): {accs}")
         if step < self.steps:
             self._task("steps", "steps", total=self.steps, completed=step)

@@ -38,8 +38,8 @@ from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.worker.episodes import (EpisodeSample, episode_metrics, episode_prompt_ids, episode_rollout,
-                                       episode_specs, episode_template_of, evaluate_episodes, is_episodic,
-                                       play_episodes)
+                                       episode_specs, episode_template_of, evaluate_episodes, first_user_text,
+                                       is_episodic, play_episodes)
 from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
@@ -302,6 +302,7 @@ class AgentWorker:
         self.trainer.on_update = lambda k, m: self.status.update(update=k, updates=m, force=True)
         self.status.state["disk"] = disk_estimate(self.model, is_lora=self.loaded.is_lora)
         self.status.set("idle", step=self.trainer.step)
+        self._example_prompt: pb.PromptItem | None = None   # a prompt this site played: its export's example
 
     # ------------------------------------------------------------------ helpers
 
@@ -428,6 +429,7 @@ class AgentWorker:
             self._check_run(plan.run_id, plan.step, for_generate=True)
             t0 = time.perf_counter()
             prompt_ids = self._render(plan.prompts)
+            self._example_prompt = plan.prompts[0]
             order = [p.prompt_id for p in plan.prompts]
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
@@ -602,7 +604,8 @@ class AgentWorker:
                 out = target or str(self.checkpoints.root / "export" / f"step-{step:08d}")
                 m = self.cfg.model
                 prompt = prompt_record(self.tokenizer, system_prompt=m.system_prompt, template=m.chat_template,
-                                       stop=m.stop, eos_token_ids=eos_token_ids(self.model, self.tokenizer))
+                                       stop=m.stop, eos_token_ids=eos_token_ids(self.model, self.tokenizer),
+                                       example=first_user_text(self._example_prompt))
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out, prompt=prompt)),
                                               step=step)
             path = self._save(target)

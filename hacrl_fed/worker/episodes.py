@@ -189,6 +189,20 @@ def is_episodic(prompts: Sequence[pb.PromptItem]) -> bool:
     return bool(prompts) and all(p.HasField("episode") for p in prompts)
 
 
+def first_user_text(prompt: pb.PromptItem | None) -> str | None:
+    """The text of a prompt's first user turn: an episode's first observation (its environment made and reset),
+    a one-shot prompt's text; ``None`` for no prompt or an episode whose environment cannot be made (the export
+    then shows :data:`~hacrl_fed.data.prompts.EXAMPLE_PROBLEM`)."""
+    if prompt is None:
+        return None
+    if not prompt.HasField("episode"):
+        return prompt.text
+    try:
+        return make_env(EpisodeSpec.from_proto(prompt.episode)).reset()
+    except ValueError:
+        return None
+
+
 def episode_specs(prompts: Sequence[pb.PromptItem]) -> list[Any]:
     """The environment instances of episode prompts (``hacrl_fed.envs.EpisodeSpec``). Raises ``ValueError``."""
     return [EpisodeSpec.from_proto(p.episode) for p in prompts]

@@ -64,7 +64,7 @@ def test_noise_gives_the_minimum_detectable_effect_and_the_seeds_for_five_points
     assert abs(got["mde"] - 2.8016 * 2 ** 0.5 * 0.10 / 3 ** 0.5) < 1e-6
     assert got["seeds_for_5_points"] == 63            # (2.8016 · √2 · 0.10 / 0.05)^2 = 62.8 → 63
     quiet = noise([cell(50), cell(50), cell(50)], "a", "held_out")
-    assert quiet["sd_seed"] == quiet["sd_eval"]         # no seed spread: evaluation noise is the floor
+    assert quiet["sd_between"] == 0.0 and quiet["sd_seed"] == quiet["sd_eval"]   # evaluation noise is the floor
     assert noise([cell(50)], "a", "held_out")["mde"] is None
 
 

@@ -86,3 +86,23 @@ def test_the_header_of_an_episode_run_gives_its_token_budgets(tmp_path):
             pass
         text = out.getvalue()
         assert all(w in text for w in wanted) and unwanted not in text, text
+
+
+def test_an_episode_runs_evaluation_counts_episodes_and_gives_success_and_mean_reward(tmp_path):
+    from pathlib import Path
+
+    from hacrl_fed.config import SimulateConfig, load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "episodes.toml", SimulateConfig)
+    out = io.StringIO()
+    with SimulationView(cfg, tmp_path, console=Console(file=out, width=250), enabled=False) as view:
+        view.record({"event": "run_start", "step": 0})
+        view.record({"event": "eval", "step": 0, "prompts": 32, "eval_s": 80.4,
+                     "agents": {"gemma3": {"avg@1": 0.03125, "reward_mean": 0.74},
+                                "smollm2": {"avg@1": 0.03125, "reward_mean": 0.74}}})
+        view.status("gemma3", {"phase": "evaluating", "step": 0, "problems": 32, "since": 0.0})
+    text = out.getvalue()
+    assert ("held-out success before training (32 episodes, greedy, 80 s): gemma3 0.031 (mean reward 0.740) | "
+            "smollm2 0.031 (mean reward 0.740)") in text, text
+    line = view.progress.tasks[-1].description
+    assert "(32 episodes)" in line and "problems" not in line

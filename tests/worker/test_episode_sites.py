@@ -4,6 +4,8 @@ and each learner trains on the other's episodes re-rendered in its own template 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -124,3 +126,25 @@ def test_an_episode_evaluation_reports_each_episodes_reward(make_sites):
     assert any(0.0 < x < 1.0 for x in expected)   # lost games earn how close they came, not 0
     assert resp.metrics["reward_mean"] == pytest.approx(sum(expected) / len(expected))
     assert resp.metrics["avg@1"] == pytest.approx(sum(x >= 1 for x in expected) / len(expected))
+
+
+def test_an_export_after_episodes_shows_a_games_first_observation_as_its_example(make_sites):
+    import json
+
+    from hacrl_fed.data.prompts import EXAMPLE_PROBLEM, PROMPT_FILE, render_prompt
+
+    sites = make_sites({"alice": KINDS["alice"]}, model_kw={"max_episode_tokens": 256})
+    alice = sites.start("alice")
+    export = wpb.CheckpointRequest(kind=wpb.CheckpointRequest.EXPORT)
+    before = json.loads((Path(alice.checkpoint(export).path) / PROMPT_FILE).read_text())
+    assert before["example"]["problem"] == EXAMPLE_PROBLEM          # nothing played yet: the arithmetic example
+    plan = episode_plan(1, prompts=1, g=1, max_turns=1)
+    alice.generate(plan)
+    rec = json.loads((Path(alice.checkpoint(wpb.CheckpointRequest(
+        kind=wpb.CheckpointRequest.EXPORT, path=str(alice.path_roots[0] / "after"))).path) / PROMPT_FILE).read_text())
+    first = make_env(EpisodeSpec.from_proto(plan.prompts[0].episode)).reset()
+    assert rec["example"]["problem"] == first and "Calculate 2 + 3." not in rec["example"]["prompt"]
+    assert rec["example"]["messages"][-1] == {"role": "user", "content": first}
+    assert tuple(alice.tokenizer.apply_chat_template(rec["example"]["messages"], add_generation_prompt=True,
+                                                     return_dict=True)["input_ids"]) == \
+        tuple(render_prompt(alice.tokenizer, first, system_prompt=alice.cfg.model.system_prompt))
