@@ -1,0 +1,46 @@
+"""benchmarks/episode_strategies.py: reference Guess The Number strategies played in the project's environment,
+and the count of a cell's held-out games scored as each strategy scores them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("episode_strategies", ROOT / "benchmarks" / "episode_strategies.py")
+strategies = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(strategies)
+
+GAMES = strategies.held_out_games(ROOT / "examples" / "episodes.toml")
+
+
+def test_bisection_wins_every_held_out_game_and_the_example_move_almost_none():
+    bisect = [strategies.play(spec, strategies.bisection) for spec in GAMES.values()]
+    ten = [strategies.play(spec, strategies.always_ten) for spec in GAMES.values()]
+    assert len(GAMES) == 32 and bisect == [1.0] * 32
+    assert sum(r >= 1.0 for r in ten) < 5 and all(0.0 <= r < 1.0 for r in ten if r < 1.0)
+
+
+def test_a_cell_playing_like_the_walk_is_counted_on_every_game(tmp_path):
+    walk = {pid: strategies.play(spec, strategies.walk_from_ten) for pid, spec in GAMES.items()}
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "meta.json").write_text(json.dumps({"config": "examples/episodes.toml"}))
+    off = dict(walk, **{next(iter(walk)): 0.5})     # one game scored otherwise
+    cell = {"after": {"a": {"held_out": walk}, "b": {"held_out": off}}}
+    (tmp_path / "cells" / "hacpo-s0.json").write_text(json.dumps(cell))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "episode_strategies.py"), "--results",
+                          str(tmp_path)], check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    wins = sum(r >= 1.0 for r in walk.values())
+    assert 0 < wins < 32
+    assert f"| hacpo-s0 | a | {wins} | " in out and out.split("| hacpo-s0 | a |")[1].split("\n")[0].count("| 32 |") == 1
+    row_b = out.split("| hacpo-s0 | b |")[1].split("\n")[0]
+    assert "| 31 |" in row_b and "| 32 |" not in row_b
+
+
+def test_a_folder_without_meta_is_refused_with_the_reason(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "episode_strategies.py"), "--results",
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "meta.json not found" in res.stderr
