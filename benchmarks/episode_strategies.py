@@ -10,8 +10,9 @@ agent the games whose reward equals each strategy's:
 * ``walk from [10]``: ``[10]`` first, then one step toward the hint (``higher`` → +1, ``lower`` → −1);
 * ``bisection``: the middle of the range still possible (wins every game of 1..20 in 5 guesses).
 
-Equal rewards on a lost game mean the same last guess; on a won game, a win within the turns. A model that
-matches a strategy on every game scores exactly as that strategy, whatever its moves were.
+Equal rewards on a lost game mean a last guess as far from the target (the same guess, or its mirror across the
+target); on a won game, a win within the turns. A model that matches a strategy on every game scores exactly as
+that strategy, whatever its moves were. The models before training (``before.json``) come first, then every cell.
 
     python benchmarks/episode_strategies.py --results benchmarks/results/collab-episodes
 """
@@ -96,6 +97,10 @@ def table(results: Path) -> str:
              "| cell | agent | won | " + " | ".join(f"as {n}" for n in names) + " |",
              "|---|---|---|" + "---|" * len(names)]
     rows = [(f"strategy: {n}", "–", reference[n]) for n in names]
+    before = results / "before.json"
+    if before.is_file():
+        agents = json.loads(before.read_text(encoding="utf-8"))["agents"]
+        rows += [("before training", agent, sets["held_out"]) for agent, sets in sorted(agents.items())]
     for path in sorted((results / "cells").glob("*.json")):
         cell = json.loads(path.read_text(encoding="utf-8"))
         rows += [(path.stem, agent, sets["held_out"]) for agent, sets in sorted(cell["after"].items())]

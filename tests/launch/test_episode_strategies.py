@@ -31,11 +31,15 @@ def test_a_cell_playing_like_the_walk_is_counted_on_every_game(tmp_path):
     off = dict(walk, **{next(iter(walk)): 0.5})     # one game scored otherwise
     cell = {"after": {"a": {"held_out": walk}, "b": {"held_out": off}}}
     (tmp_path / "cells" / "hacpo-s0.json").write_text(json.dumps(cell))
+    ten = {pid: strategies.play(spec, strategies.always_ten) for pid, spec in GAMES.items()}
+    (tmp_path / "before.json").write_text(json.dumps({"agents": {"a": {"held_out": ten}}}))
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "episode_strategies.py"), "--results",
                           str(tmp_path)], check=True, capture_output=True, text=True, cwd=ROOT).stdout
     wins = sum(r >= 1.0 for r in walk.values())
     assert 0 < wins < 32
     assert f"| hacpo-s0 | a | {wins} | " in out and out.split("| hacpo-s0 | a |")[1].split("\n")[0].count("| 32 |") == 1
+    row_before = out.split("| before training | a |")[1].split("\n")[0]
+    assert row_before.startswith(f" {sum(r >= 1.0 for r in ten.values())} | 32 |")
     row_b = out.split("| hacpo-s0 | b |")[1].split("\n")[0]
     assert "| 31 |" in row_b and "| 32 |" not in row_b
 
