@@ -44,7 +44,29 @@ def test_a_cell_playing_like_the_walk_is_counted_on_every_game(tmp_path):
     assert "| 31 |" in row_b and "| 32 |" not in row_b
 
 
+def _refusal(results: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "episode_strategies.py"), "--results",
+                           str(results)], capture_output=True, text=True, cwd=ROOT)
+
+
 def test_a_folder_without_meta_is_refused_with_the_reason(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "episode_strategies.py"), "--results",
-                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    res = _refusal(tmp_path)
     assert res.returncode == 2 and "meta.json not found" in res.stderr
+
+
+def test_a_folder_of_another_task_or_without_config_is_refused_with_the_reason(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"config": "examples/default.toml"}))
+    res = _refusal(tmp_path)
+    assert res.returncode == 2 and "not all textarena/GuessTheNumber-v0 episodes" in res.stderr
+    assert "Traceback" not in res.stderr
+    (tmp_path / "meta.json").write_text(json.dumps({"pair": "episodes"}))
+    res = _refusal(tmp_path)
+    assert res.returncode == 2 and "names no config" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bisection_uses_the_configured_range():
+    spec = next(iter(GAMES.values()))     # 1..100 in 7 guesses: bisection on 1..20 would lose most games
+    wide = [type(spec)(env_id=spec.env_id, config={**spec.config, "max_number": 100}, seed=s, max_turns=7)
+            for s in range(8)]
+    assert strategies.number_range(wide[0]) == (1, 100)
+    assert [strategies.play(w, strategies.bisection) for w in wide] == [1.0] * 8
