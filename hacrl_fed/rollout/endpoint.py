@@ -21,7 +21,10 @@ then are abandoned and end at their own timeout); retries with exponential back-
 ``max_reply_bytes``, parsed as JSON and validated field by field (:func:`parse_choices`). Any failure raises
 :class:`EndpointError` with the cause: the step is lost for this site only (a batch needs every sample).
 The API key is read from the environment variable the config names; it is never logged, stored or sent
-anywhere but to the endpoint.
+anywhere but to the endpoint. An endpoint that echoes it back (an ``Authorization`` header in an error body, in
+a choice's content or any other field) does not put it anywhere: every reply body and error text is redacted
+(:mod:`hacrl_fed.rollout.redact`) before it is parsed or becomes an :class:`EndpointError`, and the choices of a
+reply that held the key carry no behaviour log-prob (their text is no longer what was sampled).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from hacrl_fed.rollout.redact import Redactor
 
 __all__ = ["EndpointError", "EndpointRolloutSource", "EndpointSample", "EndpointSettings", "behaviour_logprob",
            "parse_choices"]
@@ -194,6 +199,7 @@ class EndpointRolloutSource:
         for name in ("openai", "httpx", "httpx2", "httpcore"):   # their debug lines may carry request headers
             logger = logging.getLogger(name)
             logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+        self.redactor = Redactor([key] if settings.api_key_env else [])
         self.client = client or openai.OpenAI(base_url=settings.base_url, api_key=key, max_retries=settings.max_retries,
                                               timeout=settings.timeout_s)
         self._use_n = settings.n == "auto"
@@ -318,30 +324,38 @@ class EndpointRolloutSource:
                 raise _Refused("n") from None
             if want_lp:
                 raise _Refused("logprobs") from None
-            raise EndpointError(f"the endpoint refused the request: HTTP 400 {_short(err)}") from None
+            raise EndpointError(f"the endpoint refused the request: HTTP 400 {self._short(err)}") from None
         except openai.APIStatusError as err:
             raise EndpointError(f"the endpoint answered HTTP {err.status_code} (after "
-                                f"{self.settings.max_retries} retries for 429/5xx): {_short(err)}") from None
+                                f"{self.settings.max_retries} retries for 429/5xx): {self._short(err)}") from None
         except openai.APITimeoutError:
             raise EndpointError(f"no reply within {kw['timeout']:.0f} s (after {self.settings.max_retries} "
                                 "retries)") from None
         except openai.APIConnectionError as err:
-            raise EndpointError(f"cannot reach the endpoint {self.settings.base_url}: {_short(err)}") from None
+            raise EndpointError(f"cannot reach the endpoint {self.settings.base_url}: {self._short(err)}") from None
         except EndpointError:
             raise
         except Exception as err:   # a body cut short, a broken stream: this site's step fails, nothing else
-            raise EndpointError(f"the reply could not be read: {type(err).__name__}: {_short(err)}") from None
+            raise EndpointError(f"the reply could not be read: {type(err).__name__}: {self._short(err)}") from None
+        clean = self.redactor.data(bytes(body))      # before parsing: no field of the reply can carry the key on
         try:
-            choices, tokens = parse_choices(bytes(body), max_chars=cap, max_tokens=max_tokens)
+            choices, tokens = parse_choices(clean, max_chars=cap, max_tokens=max_tokens)
         except ValueError as err:
-            raise EndpointError(f"bad reply: {err}") from None
+            raise EndpointError(f"bad reply: {self.redactor.text(str(err))}") from None
         for c in choices:
             c["usage_tokens"] = tokens if len(choices) == 1 else None
+            if len(clean) != len(body) or clean != body:
+                c["logprobs"] = None                 # the text is not what was sampled any more
         return choices
 
+    def _short(self, err: BaseException) -> str:
+        """An exception's text for an :class:`EndpointError`: the known secret redacted, then cut to 200
+        printable characters (redacted first, so no part of the key survives the cut)."""
+        return _short(self.redactor.text(str(err)))
 
-def _short(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
     return "".join(ch if ch.isprintable() else " " for ch in text[:200])
 
 

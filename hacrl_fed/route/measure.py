@@ -159,6 +159,9 @@ def measure_endpoint(spec: ModelSpec, problems: Sequence[Problem], *, verifier, 
     else 0."""
     from openai import OpenAI, OpenAIError
 
+    from hacrl_fed.rollout.redact import Redactor
+
+    redactor = Redactor([api_key] if api_key else [])       # an endpoint may echo its key in an error body
     client = OpenAI(base_url=spec.target, api_key=api_key or "none", timeout=timeout_s, max_retries=1)
     model = spec.api_model or spec.name
     out = Outcomes(spec.name, [], [], [], [], [], spec.params)
@@ -174,7 +177,8 @@ def measure_endpoint(spec: ModelSpec, problems: Sequence[Problem], *, verifier, 
             tokens = float(reply.usage.completion_tokens) if reply.usage else 0.0
             finish = "length" if choice.finish_reason == "length" else "stop"
         except (OpenAIError, IndexError, AttributeError) as err:
-            log.warning("route: %s failed on %s: %s", spec.name, p.id, " ".join(str(err).split())[:200])
+            cause = " ".join(redactor.text(str(err)).split())[:200]
+            log.warning("route: %s failed on %s: %s", spec.name, p.id, cause)
             text, tokens, finish = "", 0.0, "error"
         out.seconds.append(time.perf_counter() - t0)
         out.query_ids.append(p.id)

@@ -23,6 +23,9 @@ Every error answer has the OpenAI shape ``{"error": {"message", "type", "param":
 that is not a JSON object or has bad fields, 413 for a body or message contents over the limits, 404/405 for
 other paths and methods. One log line per request (logger ``hacrl_fed.route``) gives the backend chosen, the one
 that answered, the fallbacks and the latency; message contents and API keys are never logged nor put in a message.
+A backend that echoes its API key (an ``Authorization`` header in a 4xx body, in a completion, in a stream) does not
+hand it to the client: every relayed body and stream chunk is redacted of every backend's key first
+(:mod:`hacrl_fed.rollout.redact`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hacrl_fed.rollout.redact import Redactor
 from hacrl_fed.route.options import check_base_url, check_known, pairs, read_api_key
 
 __all__ = ["FALLBACKS_HEADER", "ROUTED_HEADER", "Backend", "Metrics", "backends_from_options", "build_app",
@@ -345,6 +349,7 @@ class _Router:
         self.rank, self.limits = rank, limits
         self.metrics = Metrics(list(self.backends))
         self.keys = {b.name: read_api_key(b.name, b.api_key_env) for b in backends if b.api_key_env}
+        self.redactor = Redactor(self.keys.values())
         self.http: httpx.AsyncClient | None = None
 
     async def chat(self, request: Request) -> Response:
@@ -397,7 +402,8 @@ class _Router:
             self.metrics.count("client_errors")
             self.metrics.count("client_errors", backend.name)
             self._log(trace, backend.name, status, started)
-            return Response(data, status, headers=headers, media_type=resp.headers.get("content-type"))
+            return Response(self.redactor.data(data), status, headers=headers,
+                            media_type=resp.headers.get("content-type"))
         if not 200 <= status < 300:
             raise _Failure("bad_reply", f"HTTP {status}")
         if chunks is not None:
@@ -406,7 +412,7 @@ class _Router:
         if not _is_json_object(data):
             raise _Failure("bad_reply", "the reply is not a JSON object")
         self.record_answer(trace, backend.name, started)
-        return Response(data, status, headers=headers, media_type="application/json")
+        return Response(self.redactor.data(data), status, headers=headers, media_type="application/json")
 
     async def _exchange(self, backend: Backend, payload: dict, stream: bool,
                         ) -> tuple[httpx.Response, bytes, AsyncIterator[bytes] | None]:
@@ -480,16 +486,22 @@ class _Relay:
         """The stream, chunk by chunk; a break (transport error, timeout, over the size limit) ends it with one
         SSE error event."""
         limit, broken = self.router.limits.max_reply_bytes, None
+        clean = self.router.redactor.stream()          # no backend's key reaches the client, even split in two
         try:
             self.sent = len(self.first)
-            yield self.first
+            yield clean.feed(self.first)
             async for chunk in self.rest:
                 self.sent += len(chunk)
                 if self.sent > limit:
                     broken = _Failure("too_large", f"stream longer than {limit} bytes")
                     break
-                yield chunk
+                out = clean.feed(chunk)
+                if out:
+                    yield out
             self.done = True
+            tail = clean.flush()
+            if tail:
+                yield tail
         except (TimeoutError, httpx.HTTPError) as err:
             broken = _classify(err, self.backend)
             broken.kind = "timeout" if broken.kind == "timeout" else "stream_cut"

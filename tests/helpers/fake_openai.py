@@ -8,7 +8,11 @@
 * ``refuse_n``: HTTP 400 for ``n`` > 1 or ``logprobs``; else as ``plain``;
 * ``error500``: HTTP 500 always; ``garbage``: 200 with a body that is not JSON; ``truncated``: a Content-Length
   larger than the body sent; ``slow``: holds the reply until :meth:`release` (or the client gives up);
-* ``flaky``: HTTP 429 for the first ``fail_first`` requests, then ``plain``.
+* ``flaky``: HTTP 429 for the first ``fail_first`` requests, then ``plain``;
+* ``echo401`` / ``echo400`` / ``echo500``: that status with the request's ``Authorization`` header in the error
+  body; ``echo_content``: 200 whose content (a ``plain`` choice) carries the header; ``echo_finish``: 200 whose
+  ``finish_reason`` is the header (a backend that echoes what it was sent);
+* ``short_logprobs``: the ``vllm`` shape with one log-prob entry (``"ok"``, 0.0) for the whole content.
 
 ``requests`` records every request body (JSON) received, ``headers`` their headers.
 """
@@ -80,6 +84,9 @@ class FakeOpenAI:
             mode = "plain"
         if mode == "error500":
             return self._send(h, 500, b'{"error": {"message": "internal"}}')
+        auth = str(h.headers.get("Authorization", ""))
+        if mode in ("echo401", "echo400", "echo500"):
+            return self._send(h, int(mode[4:]), json.dumps({"error": {"message": f"bad header: {auth}"}}).encode())
         if mode == "garbage":
             return self._send(h, 200, b"<html>not json at all")
         if mode == "truncated":
@@ -90,11 +97,16 @@ class FakeOpenAI:
             mode = "plain"
         if mode == "refuse_n" and (body.get("n", 1) > 1 or body.get("logprobs")):
             return self._send(h, 400, b'{"error": {"message": "n and logprobs are not supported"}}')
-        n = body.get("n", 1) if mode == "vllm" else 1
+        n = body.get("n", 1) if mode in ("vllm", "short_logprobs") else 1
         choices = []
         for i in range(n):
-            choice = {"index": i, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}
-            if mode == "vllm" and body.get("logprobs"):
+            content = f"{ANSWER} (sent: {auth})" if mode == "echo_content" else ANSWER
+            finish = auth if mode == "echo_finish" else "stop"
+            choice = {"index": i, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+            if mode == "short_logprobs" and body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": "ok", "logprob": 0.0, "bytes": [111, 107],
+                                                   "top_logprobs": []}]}
+            elif mode == "vllm" and body.get("logprobs"):
                 entries = [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                            for t, lp in zip(TOKENS, LOGPROBS)]
                 entries.append({"token": "<|im_end|>", "logprob": EOS_LOGPROB, "bytes": [], "top_logprobs": []})
