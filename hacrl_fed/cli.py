@@ -57,14 +57,19 @@ def fail(message: str, code: int = 2) -> None:
 
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | vllm (needs device cuda and vllm installed "
-               "in this environment: docs/engines.md).")
+               "in this environment: docs/engines.md) | a registered engine or package.module:factory "
+               "(docs/extending.md).")
 
 
 def _check_engine(engine: str, *, runs_here: bool = True) -> None:
     """Exit 2 with one line for an unknown engine, or — when the worker runs in this environment — for vllm where
     it is not importable (:func:`hacrl_fed.worker.engines.require_engine`)."""
-    if engine not in ("hf", "vllm"):
-        fail(f"--engine must be hf or vllm, got {engine!r}")
+    from hacrl_fed.registries import ROLLOUT_ENGINES
+
+    try:
+        ROLLOUT_ENGINES.check(engine)
+    except ValueError as err:
+        fail(f"--engine: {err}")
     if runs_here:
         from hacrl_fed.worker.engines import require_engine
 

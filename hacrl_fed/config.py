@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hacrl_fed.algo.config import AlgoConfig
 from hacrl_fed.algo.optim_config import OptimConfig
+from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.screen_config import ScreenConfig
 
 __all__ = [
@@ -259,10 +260,14 @@ class ModelConfig(Strict):
     when its gradient is ~1e-9 (the softmax pushes down every token not sampled); freezing them keeps a
     small-batch RL update to the transformer blocks and skips the head's weight gradient (docs/benchmarks.md,
     "Base-model stability")."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: ``hf`` (Hugging Face ``generate``, any device) or ``vllm`` (a colocated vLLM engine on
-    the model's CUDA device, installed in the worker's own environment; :mod:`hacrl_fed.rollout.vllm_engine`,
-    docs/engines.md "vLLM on a GPU site"). The three settings below are used by ``vllm`` only."""
+    engine: str = "hf"
+    """Rollout engine, a name of :data:`hacrl_fed.registries.ROLLOUT_ENGINES`: ``hf`` (Hugging Face ``generate``,
+    any device), ``vllm`` (a colocated vLLM engine on the model's CUDA device, installed in the worker's own
+    environment; :mod:`hacrl_fed.rollout.vllm_engine`, docs/engines.md "vLLM on a GPU site"), a registered engine,
+    or an import path ``package.module:factory`` (docs/extending.md). The three settings below are used by
+    ``vllm`` only."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """Settings of a registered engine (a JSON object its factory reads as ``request.options`` and checks)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.3
     """vLLM: share of the GPU's memory its engine may take (weights, activations, KV cache); the rest stays
     for the training model, its gradients and optimizer state (TRL's colocate default, 0.3)."""
@@ -276,6 +281,11 @@ class ModelConfig(Strict):
     trust_remote_code: bool = False
     cache_dir: str | None = None
     """Where assembled GGUF files and tiny test models are cached; default ``$HACRL_FED_CACHE`` or ``~/.cache/hacrl-fed``."""
+
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, value: str) -> str:
+        return ROLLOUT_ENGINES.check(value)
 
     @model_validator(mode="after")
     def _vllm_needs_cuda(self) -> ModelConfig:

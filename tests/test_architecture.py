@@ -49,6 +49,10 @@ MAY_IMPORT: dict[str, set[str]] = {
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""
 
+for _name in ("cli", "config", "data", "launch", "reward", "worker"):
+    MAY_IMPORT[_name].add("registries")   # the extension points' names (hacrl_fed/registries.py, docs/extending.md)
+MAY_IMPORT["registries"] = set()
+
 ONLY_IN: dict[str, set[str]] = {
     "flwr": {"flower"},
     "grpc": {"launch", "site", "v1", "worker"},

@@ -1,7 +1,11 @@
-"""Which rollout engine a site runs: ``model.engine = "hf" | "vllm"`` (docs/engines.md).
+"""Which rollout engine a site runs: ``model.engine`` names an entry of
+:data:`hacrl_fed.registries.ROLLOUT_ENGINES` (``hf``, ``vllm``, a registered engine or an import path;
+docs/engines.md, docs/extending.md).
 
-:func:`build_engine` is the one place that picks; the vLLM engine's module (and vllm itself) is imported only
-when it is asked for.
+:func:`build_engine` is the one place that builds one, through the engine's factory
+(:class:`~hacrl_fed.rollout.factory.EngineRequest` → :class:`~hacrl_fed.rollout.engine.RolloutEngine`); the
+built-in factories are :func:`hf_engine` and :func:`vllm_engine`. The vLLM engine's module (and vllm itself) is
+imported only when it is asked for.
 """
 
 from __future__ import annotations
@@ -9,50 +13,98 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.rollout.engine import HFRolloutEngine, RolloutEngine
+from hacrl_fed.rollout.factory import EngineRequest
 
-__all__ = ["build_engine", "require_engine"]
+__all__ = ["build_engine", "hf_engine", "require_engine", "vllm_engine"]
+
+
+def hf_engine(request: EngineRequest) -> RolloutEngine:
+    """``model.engine = "hf"``: :class:`HFRolloutEngine` (Hugging Face ``generate``) on the training model itself."""
+    return HFRolloutEngine(request.model, request.tokenizer, max_batch_sequences=request.max_batch_sequences,
+                           logprob_chunk_tokens=request.logprob_chunk_tokens, stop_strings=request.stop_strings,
+                           behaviour_logprobs=request.model_cfg.behaviour_logprobs,
+                           autocast_dtype=request.autocast_dtype)
+
+
+def vllm_engine(request: EngineRequest) -> RolloutEngine:
+    """``model.engine = "vllm"``: a colocated :class:`~hacrl_fed.rollout.vllm_engine.VLLMRolloutEngine` (imported
+    only here) started from the model's Hugging Face directory or hub id, or — for a GGUF file or a packaged alias,
+    which vLLM cannot load — from an export written to ``work_dir/vllm-model``; ``max_model_len`` bounds prompt +
+    response. Raises ``VLLMUnavailableError`` (an ``ImportError``) when vllm is not importable."""
+    _check_vllm()                                   # before anything is exported
+    from hacrl_fed.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
+
+    cfg = request.model_cfg
+    settings = VLLMSettings(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.enable_sleep_mode,
+                            tensor_parallel_size=cfg.tensor_parallel_size,
+                            dtype=VLLMSettings.for_model_dtype(cfg.dtype), max_model_len=request.max_model_len,
+                            lora_rank=cfg.lora_rank, seed=request.seed, trust_remote_code=cfg.trust_remote_code)
+    return VLLMRolloutEngine(request.model, request.tokenizer, settings=settings,
+                             model_path=request.model_path("vllm-model"), work_dir=request.work_dir,
+                             stop_strings=request.stop_strings, behaviour_logprobs=cfg.behaviour_logprobs,
+                             autocast_dtype=request.autocast_dtype, max_batch_sequences=request.max_batch_sequences,
+                             logprob_chunk_tokens=request.logprob_chunk_tokens)
+
+
+def _check_vllm() -> None:
+    from hacrl_fed.rollout.vllm_engine import require_vllm
+
+    require_vllm()
+
+
+vllm_engine.check_installed = _check_vllm  # type: ignore[attr-defined]
 
 
 def require_engine(name: str) -> None:
-    """Raises ``VLLMUnavailableError`` (an ``ImportError``, one line) when ``name`` is ``"vllm"`` and vllm cannot
-    be imported in this environment; nothing is imported for ``"hf"``."""
-    if name == "vllm":
-        from hacrl_fed.rollout.vllm_engine import require_vllm
+    """The engine ``name`` can run here: its factory resolves and its ``check_installed()`` (if any) passes.
+    Raises ``ImportError`` (one line): ``VLLMUnavailableError`` for ``"vllm"`` without vllm, or an unknown name /
+    a factory that does not import. Nothing heavy is imported for ``"hf"``."""
+    try:
+        factory = ROLLOUT_ENGINES.get_callable(name)
+    except ValueError as err:
+        raise ImportError(str(err)) from None
+    check = getattr(factory, "check_installed", None)
+    if callable(check):
+        check()
 
-        require_vllm()
+
+def _model_path(loaded, work_dir: str | Path):
+    """``model_path(folder)`` of an :class:`EngineRequest` for a loaded model (exported once, when needed)."""
+    done: dict[str, str] = {}
+
+    def model_path(folder: str) -> str:
+        src = loaded.source
+        if src.gguf_file is None and src.alias is None:
+            return src.path
+        if folder not in done:
+            from hacrl_fed.checkpoints.store import export_hf
+
+            done[folder] = str(export_hf(loaded.model, loaded.tokenizer, Path(work_dir) / folder))
+        return done[folder]
+
+    return model_path
 
 
 def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_batch_sequences: int = 32,
                  logprob_chunk_tokens: int = 1024, work_dir: str | Path, max_model_len: int | None = None,
                  seed: int = 0) -> RolloutEngine:
-    """The rollout engine ``model_cfg.engine`` names for a loaded model (:class:`~hacrl_fed.worker.models.LoadedModel`).
+    """The rollout engine ``model_cfg.engine`` names, for a loaded model (:class:`~hacrl_fed.worker.models.LoadedModel`):
+    its factory (:data:`~hacrl_fed.registries.ROLLOUT_ENGINES`) called with an :class:`EngineRequest`.
 
-    ``hf``: :class:`HFRolloutEngine` on the model itself. ``vllm``: a colocated
-    :class:`~hacrl_fed.rollout.vllm_engine.VLLMRolloutEngine` (imported only then) started from the model's
-    Hugging Face directory or hub id, or — for a GGUF file or a packaged alias, which vLLM cannot load — from an
-    export of the loaded model written to ``work_dir/vllm-model``; ``max_model_len`` bounds prompt + response.
-    Raises ``VLLMUnavailableError`` (an ``ImportError``) when vllm is asked for and not importable.
+    Raises ``ImportError`` as :func:`require_engine` (before anything is built or exported), ``TypeError`` when the
+    factory returns something without ``generate``.
     """
-    if model_cfg.engine == "hf":
-        return HFRolloutEngine(loaded.model, loaded.tokenizer, max_batch_sequences=max_batch_sequences,
-                               logprob_chunk_tokens=logprob_chunk_tokens, stop_strings=stop_strings,
-                               behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=loaded.autocast_dtype)
-    require_engine("vllm")                          # before anything is exported
-    from hacrl_fed.rollout.vllm_engine import VLLMRolloutEngine, VLLMSettings
-    settings = VLLMSettings(gpu_memory_utilization=model_cfg.gpu_memory_utilization,
-                            enable_sleep_mode=model_cfg.enable_sleep_mode,
-                            tensor_parallel_size=model_cfg.tensor_parallel_size,
-                            dtype=VLLMSettings.for_model_dtype(model_cfg.dtype), max_model_len=max_model_len,
-                            lora_rank=model_cfg.lora_rank, seed=seed, trust_remote_code=model_cfg.trust_remote_code)
-    src = loaded.source
-    if src.gguf_file is None and src.alias is None:
-        model_path = src.path
-    else:
-        from hacrl_fed.checkpoints.store import export_hf
-
-        model_path = str(export_hf(loaded.model, loaded.tokenizer, Path(work_dir) / "vllm-model"))
-    return VLLMRolloutEngine(loaded.model, loaded.tokenizer, settings=settings, model_path=model_path,
-                             work_dir=work_dir, stop_strings=stop_strings,
-                             behaviour_logprobs=model_cfg.behaviour_logprobs, autocast_dtype=loaded.autocast_dtype,
-                             max_batch_sequences=max_batch_sequences, logprob_chunk_tokens=logprob_chunk_tokens)
+    require_engine(model_cfg.engine)
+    factory = ROLLOUT_ENGINES.get_callable(model_cfg.engine)
+    request = EngineRequest(model=loaded.model, tokenizer=loaded.tokenizer, model_cfg=model_cfg,
+                            model_path=_model_path(loaded, work_dir), work_dir=Path(work_dir),
+                            stop_strings=tuple(stop_strings), max_batch_sequences=max_batch_sequences,
+                            logprob_chunk_tokens=logprob_chunk_tokens, max_model_len=max_model_len, seed=seed,
+                            autocast_dtype=loaded.autocast_dtype)
+    engine = factory(request)
+    if not callable(getattr(engine, "generate", None)):
+        raise TypeError(f"model.engine = {model_cfg.engine!r}: the factory returned a {type(engine).__name__}, "
+                        f"not a rollout engine (no generate method)")
+    return engine

@@ -458,7 +458,8 @@ def test_an_unknown_engine_or_vllm_on_a_cpu_is_refused_in_the_flags_terms():
     from hacrl_fed.cli import app
 
     result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", "x.jsonl", "--engine", "tgi"])
-    assert result.exit_code == 2 and "--engine must be hf or vllm, got 'tgi'" in _one_error_line(result)
+    line = _one_error_line(result)
+    assert result.exit_code == 2 and "--engine: unknown rollout engine 'tgi'; registered: " in line and "vllm" in line
     result = CliRunner().invoke(app, ["eval", "--model", "tiny-llama-bpe", "--data", "x.jsonl", "--engine", "vllm"])
     assert result.exit_code == 2 and "--engine vllm runs on a GPU: give --device cuda (got --device cpu" in (
         _one_error_line(result))
