@@ -10,8 +10,10 @@ stop strings. It works with servers that support none of ``n``, ``logprobs`` and
 * ``logprobs``: asked for (``logprobs=true``, ``top_logprobs=0``) unless configured off; when a choice
   carries the log-probs of its sampled tokens (vLLM; start it with ``--logprobs-mode processed_logprobs`` so
   they are taken after temperature and top-p, as the protocol requires) their sum is the behaviour log-prob
-  (:func:`behaviour_logprob`), else the sample has none (the wire's presence flag stays unset). A server that
-  refuses the parameter (HTTP 400) is not asked again.
+  (:func:`behaviour_logprob`), else the sample has none (the wire's presence flag stays unset). Entries that do
+  not spell the choice's content (:func:`spells_content`: one entry for a long answer, tokens of another text)
+  are not a log-prob of that text: the sample has none either (it then trains as a row without a behaviour
+  log-prob). A server that refuses the parameter (HTTP 400) is not asked again.
 * ``seed``: sent (best effort; derived per request from the plan's seed).
 
 Bounds: at most ``max_concurrency`` requests in flight; each request at most ``timeout_s``; the step's budget
@@ -43,7 +45,7 @@ from typing import Any
 from hacrl_fed.rollout.redact import Redactor
 
 __all__ = ["EndpointError", "EndpointRolloutSource", "EndpointSample", "EndpointSettings", "behaviour_logprob",
-           "parse_choices"]
+           "parse_choices", "spells_content"]
 
 log = logging.getLogger("hacrl_fed.worker")
 
@@ -104,32 +106,73 @@ class EndpointSample:
     eos_logprob: float | None = None
 
 
-def behaviour_logprob(entries: Sequence[Any], finish_reason: str, content: str) -> tuple[float, int, float | None]:
+def behaviour_logprob(entries: Sequence[Any], finish_reason: str, content: str,
+                      stop: Sequence[str] = ()) -> tuple[float, int, float | None] | None:
     """``(Σ log π, tokens, eos term or None)`` from a choice's ``logprobs.content`` entries (vLLM shape:
-    ``{"token": str, "logprob": float, "bytes": [int] | None, "top_logprobs": [...]}``, one per sampled token).
+    ``{"token": str, "logprob": float, "bytes": [int] | None, "top_logprobs": [...]}``, one per sampled token),
+    or None when the entries do not spell ``content`` (:func:`spells_content`): then they are no log-prob of it.
 
     EOS convention of the project (``rollout.proto``): for a ``stop`` response whose last entry is the
-    terminal EOS the server sampled (a token that is not part of the content: empty bytes, or text the content
-    does not end with), its log-prob is part of the sum and the count and returned as the EOS term; otherwise
-    the sum covers the content tokens only and there is no EOS term. Raises ``ValueError`` for a non-finite or
-    positive log-prob or no entry.
+    terminal EOS the server sampled (a token that is not part of the content: empty bytes, or a special token's
+    text after the content), its log-prob is part of the sum and the count and returned as the EOS term;
+    otherwise the sum covers the content tokens (and, for a response cut at one of the ``stop`` strings, the
+    tokens that spelled it) and there is no EOS term. Raises ``ValueError`` for a non-finite or positive
+    log-prob or no entry.
     """
     values = []
     for e in entries:
-        lp = e.get("logprob") if isinstance(e, dict) else getattr(e, "logprob", None)
+        lp = _field(e, "logprob")
         if isinstance(lp, bool) or not isinstance(lp, int | float) or not math.isfinite(lp) or lp > LOGPROB_TOLERANCE:
             raise ValueError(f"token log-prob {lp!r} is not a finite number <= 0")
         values.append(float(lp))
     if not values:
         raise ValueError("no token log-probs")
-    eos = None
+    pieces = [_entry_bytes(e) for e in entries]
+    stop = stop if finish_reason == "stop" else ()
     if finish_reason == "stop" and len(values) >= 2:
         last = entries[-1]
-        token = last.get("token") if isinstance(last, dict) else getattr(last, "token", None)
-        raw = last.get("bytes") if isinstance(last, dict) else getattr(last, "bytes", None)
-        if raw == [] or token in ("", None) or not content.endswith(str(token)):
-            eos = values[-1]
-    return math.fsum(values), len(values), eos
+        if _field(last, "bytes") == [] or _field(last, "token") in ("", None):    # an EOS that renders as nothing
+            return (math.fsum(values), len(values), values[-1]) if spells_content(pieces[:-1], content) else None
+    if spells_content(pieces, content, stop):
+        return math.fsum(values), len(values), None
+    if finish_reason == "stop" and len(values) >= 2 and spells_content(pieces[:-1], content):
+        return math.fsum(values), len(values), values[-1]                 # a special token's text after it
+    return None
+
+
+def _field(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, dict) else getattr(entry, name, None)
+
+
+def _entry_bytes(entry: Any) -> bytes | None:
+    """An entry's UTF-8 bytes: its ``bytes`` list when that is one (0..255 each), else its ``token`` text; None
+    when it has neither."""
+    raw = _field(entry, "bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
+        return bytes(raw)
+    token = _field(entry, "token")
+    if isinstance(token, str):
+        try:
+            return token.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return None
+
+
+def spells_content(pieces: Sequence[bytes | None], content: str, stop: Sequence[str] = ()) -> bool:
+    """Whether the sampled tokens' bytes ``pieces``, joined, are exactly ``content`` (UTF-8), or, for a response
+    cut at a stop string, ``content`` followed by one of ``stop`` and less than the last token beyond it (the
+    server truncates the text at the stop string, not the tokens). Linear in the bytes."""
+    if not pieces or any(p is None for p in pieces):
+        return False
+    joined, target = b"".join(pieces), content.encode("utf-8", "surrogatepass")
+    if joined == target:
+        return True
+    if not stop or not joined.startswith(target):
+        return False
+    rest = joined[len(target):]
+    return any(s and rest.startswith(s.encode("utf-8")) and len(rest) - len(s.encode("utf-8")) < len(pieces[-1])
+               for s in stop)
 
 
 def parse_choices(body: bytes, *, max_chars: int, max_tokens: int) -> tuple[list[dict], int | None]:
@@ -257,7 +300,7 @@ class EndpointRolloutSource:
                     try:
                         choices = fut.result()
                         for c in choices[: n - len(got[i])]:
-                            got[i].append(_sample(i, len(got[i]), c))
+                            got[i].append(_sample(i, len(got[i]), c, params.get("stop", ())))
                     except EndpointError as err:
                         errors.append(str(err))
                         continue
@@ -359,13 +402,18 @@ def _short(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in text[:200])
 
 
-def _sample(i: int, j: int, c: dict) -> EndpointSample:
-    """A validated choice → :class:`EndpointSample` (log-prob entries that do not add up: EndpointError)."""
+def _sample(i: int, j: int, c: dict, stop: Sequence[str] = ()) -> EndpointSample:
+    """A validated choice → :class:`EndpointSample` (log-prob values that are no log-probs: EndpointError;
+    entries that do not spell the content: no behaviour log-prob)."""
     text, finish = c["text"], c["finish_reason"]
     if c["logprobs"]:
         try:
-            total, count, eos = behaviour_logprob(c["logprobs"], finish, text)
+            found = behaviour_logprob(c["logprobs"], finish, text, stop)
         except ValueError as err:
             raise EndpointError(f"bad reply: {err}") from None
-        return EndpointSample(i, j, text, finish, total, count, eos)
+        if found is not None:
+            return EndpointSample(i, j, text, finish, *found)
+        log.warning("the endpoint's %d log-prob entries do not spell its %d-character answer: no behaviour "
+                    "log-prob for that sample", len(c["logprobs"]), len(text))
+        return EndpointSample(i, j, text, finish, None, int(c.get("usage_tokens") or 0), None)
     return EndpointSample(i, j, text, finish, None, int(c.get("usage_tokens") or 0), None)

@@ -137,3 +137,39 @@ def test_the_api_key_is_read_from_the_named_variable_and_never_shown(monkeypatch
             source(s, api_key_env="TEST_ENDPOINT_KEY")
     finally:
         s.close()
+
+
+def _entries(*tokens: str, lp: float = -0.5) -> list[dict]:
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t in tokens]
+
+
+@pytest.mark.parametrize("entries, finish, content", [
+    (_entries("ok", lp=0.0), "stop", "The answer is \\boxed{5}."),          # one entry for a 24-character answer
+    (_entries("The", " answer", " is", " 6."), "length", "The answer is 5."),  # tokens of another text
+    (_entries("4"), "length", "42"),                                       # tokens of a prefix only
+    (_entries("4", "2", "7"), "length", "42"),                             # the content and more
+    (_entries("4", "2", "<junk>"), "length", "42"),                        # a stray token at a length stop
+    (_entries("4", "2", "\n\n", "more"), "stop", "42"),                    # a stop string, then a whole token more
+    (_entries("4", "2", "!", "!"), "stop", "42"),                          # two tokens after it, no stop string
+    ([{"token": "4", "logprob": -0.1}, {"logprob": -0.1}], "length", "42"),  # an entry that spells nothing
+])
+def test_log_probs_that_do_not_spell_the_content_are_no_behaviour_log_prob(entries, finish, content):
+    assert behaviour_logprob(entries, finish, content, ["\n\n"]) is None
+
+
+def test_log_probs_that_spell_the_content_are_kept_with_the_eos_convention():
+    assert behaviour_logprob(_entries("4", "2"), "length", "42") == (-1.0, 2, None)
+    assert behaviour_logprob(_entries("4", "2", "\n\n"), "stop", "42", ["\n\n"]) == (-1.5, 3, None)   # cut at stop
+    assert behaviour_logprob(_entries("4", "2.\n", "\nThe"), "stop", "42.", ["\n\n"]) == (-1.5, 3, None)
+    assert behaviour_logprob(_entries("4", "2", "<|im_end|>"), "stop", "42") == (-1.5, 3, -0.5)   # special EOS
+    assert behaviour_logprob([*_entries("é"), {"token": "", "logprob": -0.25, "bytes": []}], "stop", "é") == (
+        -0.75, 2, -0.25)
+    split = [{"token": "\ufffd", "logprob": -0.1, "bytes": [0xC3]}, {"token": "\ufffd", "logprob": -0.1, "bytes": [0xA9]}]
+    assert behaviour_logprob(split, "length", "é") == (pytest.approx(-0.2), 2, None)   # a character in two tokens
+
+
+@pytest.mark.parametrize("server", ["short_logprobs"], indirect=True)
+def test_an_endpoint_whose_log_probs_do_not_spell_its_answer_gives_none(server):
+    samples = run(source(server))
+    assert len(samples) == 6 and all(s.text == ANSWER for s in samples)
+    assert all(s.logprob_sum is None and s.eos_logprob is None for s in samples)

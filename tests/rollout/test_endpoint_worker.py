@@ -28,7 +28,7 @@ def worker(federation, server: FakeOpenAI, **endpoint) -> EndpointWorker:
     return EndpointWorker(cfg, verifier=_Verifier())
 
 
-@pytest.mark.parametrize("mode, with_logprob", [("vllm", True), ("plain", False)])
+@pytest.mark.parametrize("mode, with_logprob", [("vllm", True), ("plain", False), ("short_logprobs", False)])
 def test_a_signed_batch_the_coordinator_accepts(federation, plan, mode, with_logprob):
     server = FakeOpenAI(mode)
     try:
