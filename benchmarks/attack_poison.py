@@ -315,7 +315,7 @@ def _guard_record(guard) -> dict:
 def evaluate(worker, verifier, items, max_new_tokens: int, seed: int) -> dict:
     """Greedy responses of ``worker`` to ``items``: {problem id: (correct, response text)}."""
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
+    from hacrl_fed.play.evaluate import EvalItem, evaluate_items
 
     m = worker.cfg.model
     res = evaluate_items(worker.engine, worker.tokenizer, verifier,
@@ -332,7 +332,7 @@ def payload_logprob(worker, items, after: dict, text: str) -> float:
     choice flips to it. Higher = closer."""
     import torch
 
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
     from hacrl_fed.data.prompts import render_prompt
     from hacrl_fed.tokenization.views import encode_response_text
 

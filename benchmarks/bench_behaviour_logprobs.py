@@ -2,7 +2,7 @@
 
 For each precision the rollout engine samples B × G responses with ``behaviour_logprobs = "generation"``;
 the same responses are then scored teacher-forced (the engine's ``score``) and as the trainer's first
-forward sees them (right-padded micro-batches of :func:`hacrl_fed.algo.update.plan_microbatches`, the
+forward sees them (right-padded micro-batches of :func:`hacrl_fed.update.loop.plan_microbatches`, the
 update's own token budget). Reported, in nats: the per-token max / mean |Δ| between each pair, and the
 largest |log s| of an own row's sequence ratio before the first update (mean per-token Δ against the
 trainer's forward; GSPO clips at 3e-4). Also the CPU seconds of ``generate`` with each mode (same samples:
@@ -31,11 +31,11 @@ def _stats(a: list[list[float]], b: list[list[float]]) -> dict[str, float]:
 
 
 def _trainer_view(model, tokenizer, samples, temperature: float, autocast_dtype, micro_batch_tokens: int):
-    """Per-token log-probs of each sample as :func:`hacrl_fed.algo.update.hacpo_update` computes them."""
+    """Per-token log-probs of each sample as :func:`hacrl_fed.update.loop.hacpo_update` computes them."""
     import torch
 
-    from hacrl_fed.algo.logprobs import token_logprobs
-    from hacrl_fed.algo.update import plan_microbatches
+    from hacrl_fed.update.logprobs import token_logprobs
+    from hacrl_fed.update.loop import plan_microbatches
     from hacrl_fed.tokenization.views import collate, own_row
 
     rows = [own_row(prompt_id=str(s.prompt_index), sample_index=s.sample_index, agent="a", prompt_ids=s.prompt_ids,
@@ -69,7 +69,7 @@ def main() -> None:
 
     import torch
 
-    from hacrl_fed.algo.optim_config import OptimConfig
+    from hacrl_fed.update.optim_config import OptimConfig
     from hacrl_fed.config import ModelConfig
     from hacrl_fed.data.prompts import render_prompt
     from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling

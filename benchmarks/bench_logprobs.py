@@ -43,7 +43,7 @@ class _HiddenStates(nn.Module):
 
 
 class _HeadOnlyLM(nn.Module):
-    """Minimal causal-LM surface used by :func:`hacrl_fed.algo.logprobs.token_logprobs`."""
+    """Minimal causal-LM surface used by :func:`hacrl_fed.update.logprobs.token_logprobs`."""
 
     def __init__(self, hidden: torch.Tensor, vocab: int):
         super().__init__()
@@ -66,7 +66,7 @@ def _full_logprobs(model: _HeadOnlyLM, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def run_variant(args) -> dict:
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
 
     torch.manual_seed(0)
     hidden = torch.randn(args.batch, args.seq, args.hidden)

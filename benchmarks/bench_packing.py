@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def _rows(model, tok, b: int, g: int, seed: int):
     from bench_vs_trl import PROBLEMS, SYSTEM_PROMPT
 
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
     from hacrl_fed.data.prompts import render_prompt
     from hacrl_fed.tokenization.views import own_row
 
@@ -54,7 +54,7 @@ def _rows(model, tok, b: int, g: int, seed: int):
 def _update(model, rows, mode: str) -> tuple[float, torch.Tensor]:
     from hacrl_fed.algo.advantages import row_advantages
     from hacrl_fed.algo.config import AlgoConfig
-    from hacrl_fed.algo.update import hacpo_update, make_optimizer
+    from hacrl_fed.update.loop import hacpo_update, make_optimizer
     from hacrl_fed.config import OptimConfig
 
     algo = AlgoConfig.preset("gspo")

@@ -143,7 +143,7 @@ class InProcessVerifier:
 
 def run_hacrl(args) -> dict:
     from hacrl_fed.algo.config import AlgoConfig
-    from hacrl_fed.algo.optim_config import OptimConfig
+    from hacrl_fed.update.optim_config import OptimConfig
     from hacrl_fed.config import AgentConfig, ModelConfig, SamplingConfig, VerifierConfig
     from hacrl_fed.protocol.keys import generate_identity, update_roster
     from hacrl_fed.v1 import rollout_pb2 as pb

@@ -154,7 +154,7 @@ class Federation:
         ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only). A rollout-only agent has
         no weights: only its run binding is cleared (so the next cell's run id is accepted)."""
         from hacrl_fed.algo.config import AlgoConfig
-        from hacrl_fed.algo.update import make_optimizer
+        from hacrl_fed.update.loop import make_optimizer
         from hacrl_fed.config import OptimConfig
 
         for name in self.contributors:
@@ -277,7 +277,7 @@ class Federation:
         when given, is filled with agent → {problem id: the response text, at most :data:`RESPONSE_CHARS`
         characters} (single-turn problems only), so an outcome can be read."""
         from hacrl_fed.rollout.engine import Sampling
-        from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
+        from hacrl_fed.play.evaluate import EvalItem, evaluate_items
 
         run = self.cfg.run
         if any(getattr(p, "episode", None) is not None for p in problems):   # episodes: won, or not (no text)

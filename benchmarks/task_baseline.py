@@ -90,7 +90,7 @@ def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens
     from hacrl_fed.config import DEFAULT_INSTRUCTION
     from hacrl_fed.data.tasks import generate_task
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import EvalItem, evaluate_items
+    from hacrl_fed.play.evaluate import EvalItem, evaluate_items
 
     generator, config = CANDIDATES[label]
     spec = TaskSpec(name=generator, config=config, label=label)

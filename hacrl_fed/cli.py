@@ -245,7 +245,7 @@ def eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
-    from hacrl_fed.worker.evaluate import DataError, check_data_head, eval_model_config
+    from hacrl_fed.play.evaluate import DataError, check_data_head, eval_model_config
 
     try:                                         # how an export was prompted in training, if it says
         model_cfg, saved = eval_model_config(model, template=template, system_prompt=system_prompt, stop=stop,
@@ -269,7 +269,7 @@ def eval_cmd(
     if saved is not None:
         typer.echo(announce, err=True)
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import run_eval
+    from hacrl_fed.worker.eval_model import run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:
@@ -284,7 +284,7 @@ def eval_cmd(
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))
         return
-    from hacrl_fed.worker.evaluate import format_summary
+    from hacrl_fed.play.evaluate import format_summary
 
     typer.echo(format_summary(summary, model=model, data=str(data), temperature=sampling.temperature,
                               max_new_tokens=max_new_tokens, out=str(out) if out else None))
@@ -495,7 +495,7 @@ def route_eval_cmd(
     from hacrl_fed.route.evaluate import COST_KINDS
     from hacrl_fed.route.measure import parse_model_specs
     from hacrl_fed.route.run import capability_from_report, load_queries, run_route_eval
-    from hacrl_fed.worker.evaluate import DataError
+    from hacrl_fed.play.evaluate import DataError
 
     if cost not in COST_KINDS:
         fail(f"--cost must be one of {', '.join(COST_KINDS)}, got {cost!r}")

@@ -6,7 +6,7 @@ one machine). Every model forbids unknown keys, so a typo fails at load time wit
 and the expected type (:func:`load_config` raises :class:`ConfigError`).
 
 The ``algo`` and ``optim`` sections are defined beside the math they configure
-(:mod:`hacrl_fed.algo.config`, :mod:`hacrl_fed.algo.optim_config`) and re-exported here.
+(:mod:`hacrl_fed.algo.config`, :mod:`hacrl_fed.update.optim_config`) and re-exported here.
 
 This module imports nothing heavy (no torch, no transformers) so the CLI and the coordinator can
 validate a config in well under a second.
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.optim_config import OptimConfig
+from hacrl_fed.update.optim_config import OptimConfig
 from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.screen_config import ScreenConfig
 

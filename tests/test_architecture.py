@@ -25,26 +25,30 @@ MAY_IMPORT: dict[str, set[str]] = {
     "tiny_models": set(),
     "v1": set(),
     "tokenization": set(),
-    "algo": {"tokenization"},
+    "algo": set(),
+    "update": {"algo", "tokenization"},
     "screen_config": set(),
-    "config": {"algo", "screen_config"},
+    "config": {"algo", "screen_config", "update"},
     "envs": {"v1"},
     "reward": {"config", "envs", "protocol"},
     "data": {"config", "envs", "reward", "tokenization"},
     "protocol": {"atomic", "v1"},
     "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
-    "rollout": {"algo", "tokenization"},
+    "rollout": {"tokenization", "update"},
+    "play": {"atomic", "config", "data", "envs", "rollout", "tokenization", "v1"},
     "checkpoints": {"atomic", "data"},
-    "worker": {"algo", "atomic", "checkpoints", "config", "data", "envs", "protocol", "reward", "rollout", "screens",
-               "status", "tiny_models", "tokenization", "v1"},
+    "worker": {"algo", "atomic", "checkpoints", "config", "data", "envs", "play", "protocol", "reward", "rollout",
+               "screens", "status", "tiny_models", "tokenization", "update", "v1"},
     "contributor": {"config", "protocol", "reward", "rollout", "status", "v1", "worker"},
-    "route": {"atomic", "config", "data", "reward", "rollout", "worker"},
+    "route": {"atomic", "config", "data", "play", "reward", "rollout", "worker"},
     "coordinator": {"algo", "atomic", "config", "protocol", "v1"},
+    "async_rounds": {"algo", "coordinator", "protocol", "v1"},
     "site": {"protocol", "v1"},
-    "flower": {"", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
+    "flower": {"", "async_rounds", "config", "coordinator", "data", "logs", "protocol", "reward", "site", "v1"},
     "report": {"config"},
     "launch": {"atomic", "checkpoints", "config", "coordinator", "data", "protocol", "report", "site", "v1", "worker"},
-    "cli": {"atomic", "checkpoints", "config", "contributor", "launch", "logs", "protocol", "rollout", "route", "worker"},
+    "cli": {"atomic", "checkpoints", "config", "contributor", "launch", "logs", "play", "protocol", "rollout", "route",
+            "worker"},
 }
 """Unit → the other units it may import. A unit is a package under ``hacrl_fed/`` (``worker``), a
 top-level module (``config``), or ``""`` for ``hacrl_fed/__init__.py`` (the version)."""
@@ -63,8 +67,10 @@ ONLY_IN: dict[str, set[str]] = {
 
 NEVER_IN: dict[str, set[str]] = {
     "algo": {"cryptography", "google"},
+    "update": {"cryptography", "google"},
     "protocol": {"torch", "transformers"},
     "coordinator": {"torch", "transformers"},
+    "async_rounds": {"torch", "transformers"},
     "screens": {"torch", "transformers"},
     "site": {"torch", "transformers"},
     "report": {"torch", "transformers"},
@@ -185,12 +191,13 @@ def test_third_party_packages_stay_where_they_belong():
 
 def test_the_worker_imports_neither_flower_nor_the_coordinator():
     bad = [str(i) for i in IMPORTS if _unit(i.module) == "worker"
-           and (_top(i.target) == "flwr" or (i in OURS and _unit(i.target) in {"coordinator", "flower", "launch"}))]
+           and (_top(i.target) == "flwr" or (i in OURS and _unit(i.target) in {"async_rounds", "coordinator", "flower", "launch"}))]
     assert not bad, "\n".join(bad)
 
 
 def test_the_math_imports_nothing_above_it():
-    above = {"config", "cli", "worker", "rollout", "coordinator", "flower", "launch", "protocol", "site"}
+    above = {"config", "cli", "worker", "rollout", "update", "play", "coordinator", "async_rounds", "flower", "launch",
+             "protocol", "site"}
     bad = [str(i) for i in IMPORTS if _unit(i.module) == "algo"
            and (_top(i.target) in {"flwr", "grpc"} or (i in OURS and _unit(i.target) in above))]
     assert not bad, "\n".join(bad)

@@ -74,7 +74,7 @@ def test_lazily_imported_modules_exist(function, module, name):
 def test_the_lazy_import_list_covers_every_command_module():
     modules = {m for _, m, _ in _lazy_imports()}
     assert {"hacrl_fed.launch.server_cmd", "hacrl_fed.launch.client_cmd", "hacrl_fed.launch.simulate",
-            "hacrl_fed.worker.service", "hacrl_fed.worker.evaluate", "hacrl_fed.protocol.keys",
+            "hacrl_fed.worker.service", "hacrl_fed.play.evaluate", "hacrl_fed.protocol.keys",
             "hacrl_fed.protocol.certs"} <= modules
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hacrl_fed.algo.capability import CapabilityTracker
-from hacrl_fed.coordinator.async_pool import AsyncPool, Delivery, PooledBatch
+from hacrl_fed.async_rounds.pool import AsyncPool, Delivery, PooledBatch
 from hacrl_fed.coordinator.phases import AgentVerification, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup, Transport, _commit, _eligible,
                                           _exchange, _flush_eval, _maybe_evaluate, _run_end, _wait_for_agents,

@@ -171,7 +171,7 @@ def resume_settings(run: RunConfig) -> dict[str, Any]:
 
 def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     """Run (or resume) the synchronous run until ``run.steps`` steps are done. Returns the final state. (With
-    ``run.mode = "async"`` every site goes at its own pace: :func:`hacrl_fed.coordinator.async_rounds.run_async`;
+    ``run.mode = "async"`` every site goes at its own pace: :func:`hacrl_fed.async_rounds.loop.run_async`;
     this function refuses such a run with ValueError.)
 
     Raises StateError (one line naming the file) when the saved state or the metrics log is unusable
@@ -180,7 +180,7 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     """
     run = setup.run
     if run.mode != "sync":
-        raise ValueError(f"run.mode = {run.mode!r}: run it with hacrl_fed.coordinator.async_rounds.run_async")
+        raise ValueError(f"run.mode = {run.mode!r}: run it with hacrl_fed.async_rounds.loop.run_async")
     state, resumed, tracker, metrics = restore(setup, resume_settings(run), steps=run.steps)
     board = metrics.mirror
     if state.pending is not None:

@@ -3,7 +3,7 @@
 ``main`` reads the resolved server config that ``hacrl-fed server`` wrote (its path arrives in the
 run config as ``config-path``), loads the roster, the dataset, the prompt sampler and the verifier,
 and runs :func:`hacrl_fed.coordinator.rounds.run_coordinator` (or, with ``run.mode = "async"``,
-:func:`hacrl_fed.coordinator.async_rounds.run_async`) over :class:`FlowerTransport`.
+:func:`hacrl_fed.async_rounds.loop.run_async`) over :class:`FlowerTransport`.
 
 :class:`FlowerTransport` maps the loop's three verbs onto Flower messages
 (:mod:`hacrl_fed.flower.records`): one message per order with an explicit TTL (the phase
@@ -30,7 +30,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from hacrl_fed.config import ServerConfig
-from hacrl_fed.coordinator.async_rounds import run_async
+from hacrl_fed.async_rounds.loop import run_async
 from hacrl_fed.coordinator.rounds import Node, Order, Reply, Setup, run_coordinator
 from hacrl_fed.flower import records
 from hacrl_fed.logs import log_to_stdout

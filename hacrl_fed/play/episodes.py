@@ -24,7 +24,7 @@ from hacrl_fed.envs import EpisodeSpec, make_env
 from hacrl_fed.rollout.engine import GeneratedSample
 from hacrl_fed.tokenization.episodes import EpisodeTemplate, episode_template, own_episode_row
 from hacrl_fed.v1 import rollout_pb2 as pb
-from hacrl_fed.worker.evaluate import ProblemResult
+from hacrl_fed.play.evaluate import ProblemResult
 
 __all__ = ["EpisodeRenderer", "EpisodeSample", "episode_metrics", "episode_prompt_ids", "episode_rollout", "episode_specs",
            "episode_template_of", "evaluate_episodes", "is_episodic", "own_episode_rows", "play_episodes", "turn_seed"]
@@ -247,7 +247,7 @@ def own_episode_rows(samples: Mapping[tuple[str, int], EpisodeSample], rewards: 
 def evaluate_episodes(engine: Any, template: EpisodeTemplate, prompts: Sequence[pb.PromptItem], *, samples: int,
                       sampling: Any, seed: int, max_episode_tokens: int) -> list[ProblemResult]:
     """Held-out evaluation of episode prompts: ``samples`` episodes each (greedy at temperature 0); an episode
-    counts as correct at reward 1. One :class:`~hacrl_fed.worker.evaluate.ProblemResult` per prompt (its
+    counts as correct at reward 1. One :class:`~hacrl_fed.play.evaluate.ProblemResult` per prompt (its
     responses: the agent turns; ``response_tokens``: agent tokens of the episode; ``rewards``: each episode's
     reward, by the episode rule of :mod:`hacrl_fed.envs`)."""
     played = play_episodes(engine, template, make_env, episode_specs(prompts), samples, sampling, seed,

@@ -7,8 +7,8 @@ same :class:`~hacrl_fed.reward.Verifier` as training scores them. With c correct
 * ``pass@j`` = mean over problems of 1 − C(n − c, j) / C(n, j), the unbiased estimator of
   Chen et al. (2021), for j ≤ n.
 
-:func:`run_eval` is the body of ``hacrl-fed eval``: it loads the model, reads problems, shows a
-progress bar and writes one JSON line per problem (atomically).
+Pure of model loading: :func:`hacrl_fed.worker.eval_model.run_eval` (the body of ``hacrl-fed eval``) loads the
+model and builds the engine, then calls :func:`evaluate_items` and :func:`write_jsonl` from here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 from hacrl_fed.atomic import atomic_write_text
 from hacrl_fed.data.problem import DataError
 
-__all__ = ["DataError", "EvalItem", "check_data_head", "ProblemResult", "eval_engine", "eval_model_config",
-           "evaluate_items", "format_summary", "pass_at_k", "run_eval", "saved_prompt", "summarize", "write_jsonl"]
+__all__ = ["DataError", "EvalItem", "check_data_head", "ProblemResult", "eval_model_config", "evaluate_items",
+           "format_summary", "load_items", "pass_at_k", "saved_prompt", "summarize", "write_jsonl"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -187,14 +187,15 @@ def write_jsonl(path: str | Path, results: Sequence[ProblemResult]) -> Path:
 
 
 def check_data_head(data: str | Path, *, answer_style: str | None = None) -> None:
-    """Parse the first rows of an evaluation data file with the loader :func:`run_eval` uses (bounded: at most a
+    """Parse the first rows of an evaluation data file with the loader :func:`load_items` uses (bounded: at most a
     few MB read). Raises :class:`DataError` naming the file and row."""
     from hacrl_fed.data.datasets import load_file_head
 
     load_file_head(data, answer_style=answer_style or "boxed")
 
 
-def _load_items(data: str, limit: int | None, answer_style: str | None) -> list[EvalItem]:
+def load_items(data: str, limit: int | None, answer_style: str | None) -> list[EvalItem]:
+    """The first ``limit`` problems of ``data`` (all when None) as :class:`EvalItem`. Raises :class:`DataError`."""
     from hacrl_fed.data.datasets import load_file
 
     problems = load_file(data, answer_style=answer_style or "boxed")
@@ -233,68 +234,3 @@ def eval_model_config(model: str, *, template: str | None = None, system_prompt:
     cfg = ModelConfig(name_or_path=model, chat_template=template or "auto",
                       stop=None if stop is None else [s for s in stop if s], **extra, **fields)
     return cfg, saved
-
-
-def eval_engine(lm, model_cfg, *, max_new_tokens: int, max_batch_sequences: int, work_dir: str, seed: int):
-    """The rollout engine ``model_cfg.engine`` names for evaluating the loaded ``lm``: the template's stop strings,
-    room for the longest prompt plus ``max_new_tokens``."""
-    from hacrl_fed.data.prompts import stop_strings
-    from hacrl_fed.worker.engines import build_engine
-
-    return build_engine(lm, model_cfg, stop_strings=stop_strings(lm.tokenizer, model_cfg.chat_template, model_cfg.stop),
-                        max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed,
-                        max_model_len=model_cfg.max_prompt_tokens + max_new_tokens)
-
-
-def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, sampling: Any,
-             limit: int | None = None, seed: int = 0, answer_style: str | None = None,
-             verifier_cfg=None, max_batch_sequences: int = 32, show_progress: bool = True) -> dict[str, float]:
-    """Evaluate ``model_cfg`` on the problems in ``data`` (JSONL/parquet; fields id, problem, answer).
-
-    Generates with the engine ``model_cfg.engine`` names (:func:`~hacrl_fed.worker.engines.build_engine`).
-    Returns the summary (see :func:`summarize`) plus ``elapsed_s``; writes per-problem JSONL to
-    ``out`` when given. Raises :class:`~hacrl_fed.data.problem.DataError` (a ``ValueError``: bad data, before the
-    model loads), ``ModelLoadError``, ``ValueError`` (bad options), ``OSError``, or
-    ``VLLMUnavailableError`` (before the model loads) for the vllm engine without vllm.
-    """
-    import tempfile
-
-    from hacrl_fed.worker.engines import require_engine
-    from hacrl_fed.worker.models import load_model
-
-    items = _load_items(data, limit, answer_style)
-    if not items:
-        raise DataError(f"{data}: no problems to evaluate")
-    require_engine(model_cfg.engine)                     # before the model loads
-    lm = load_model(model_cfg)
-    with tempfile.TemporaryDirectory(prefix="hacrl-fed-eval-") as work_dir:
-        engine = eval_engine(lm, model_cfg, max_new_tokens=sampling.max_new_tokens,
-                             max_batch_sequences=max_batch_sequences, work_dir=work_dir, seed=seed)
-        return _run_items(engine, lm, model_cfg, items, samples=samples, out=out, sampling=sampling, seed=seed,
-                          verifier_cfg=verifier_cfg, max_batch_sequences=max_batch_sequences,
-                          show_progress=show_progress)
-
-
-def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, verifier_cfg, max_batch_sequences,
-               show_progress) -> dict[str, float]:
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from hacrl_fed.config import VerifierConfig
-    from hacrl_fed.reward import Verifier
-
-    chunk = max(1, max_batch_sequences // samples)
-    t0 = time.perf_counter()
-    columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Verifier.from_config(verifier_cfg or VerifierConfig()) as verifier, \
-            Progress(*columns, disable=not show_progress, transient=False) as progress:
-        task = progress.add_task("eval", total=len(items))
-        results = evaluate_items(engine, lm.tokenizer, verifier, items, samples=samples, sampling=sampling, seed=seed,
-                                 system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
-                                 max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=chunk,
-                                 on_progress=lambda done: progress.update(task, completed=done))
-    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0}
-    if out:
-        write_jsonl(out, results)
-    return summary

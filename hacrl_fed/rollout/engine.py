@@ -18,7 +18,7 @@ value. The count includes the terminal EOS when the response stopped on it (the 
   that of the EOS a stop-string cut appends. No second forward.
 * ``"teacher_forced"`` (what ``"auto"`` picks under bf16 / fp16, weights or autocast): every response
   re-scored in one more forward over prompt + response (right padding, exactly the layout the trainer uses)
-  by :func:`hacrl_fed.algo.logprobs.token_logprobs`.
+  by :func:`hacrl_fed.update.logprobs.token_logprobs`.
 
 Both compute the same function of the same weights; they differ only by floating-point rounding (the KV
 cache's step-by-step attention against one full forward, left against right padding). Measured on
@@ -42,7 +42,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.update.logprobs import token_logprobs
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
 __all__ = ["BEHAVIOUR_LOGPROBS", "GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "autocast_context",

@@ -1,7 +1,7 @@
 """What each deployed model does on each query: correct or not, response tokens, generation seconds.
 
 A model is a local directory, hub id or alias (generated in this process with the ``hf`` engine, prompted as an
-export says it was trained: :func:`hacrl_fed.worker.evaluate.saved_prompt`) or an OpenAI-compatible endpoint
+export says it was trained: :func:`hacrl_fed.play.evaluate.saved_prompt`) or an OpenAI-compatible endpoint
 URL (``http(s)://…/v1``: one chat completion per query, sequentially, each timed). Both are scored by the
 training verifier (:class:`hacrl_fed.reward.Verifier`), greedy unless told otherwise.
 
@@ -116,8 +116,9 @@ def measure_local(spec: ModelSpec, problems: Sequence[Problem], *, verifier, max
     unreadable ``hacrl_fed_prompt.json``."""
     import tempfile
 
+    from hacrl_fed.play.evaluate import EvalItem, eval_model_config, evaluate_items
     from hacrl_fed.rollout.engine import Sampling
-    from hacrl_fed.worker.evaluate import EvalItem, eval_engine, eval_model_config, evaluate_items
+    from hacrl_fed.worker.eval_model import eval_engine
     from hacrl_fed.worker.models import load_model
 
     cfg, _ = eval_model_config(spec.target, system_prompt=system_prompt, device=device)   # as `hacrl-fed eval`

@@ -419,7 +419,7 @@ class SiteGuard:
         return out
 
     def gate(self, rows: Sequence[Any], content_logprob_sums: Sequence[float]) -> list[float]:
-        """Row weights for one micro-batch of the update (:func:`hacrl_fed.algo.update.hacpo_update`'s
+        """Row weights for one micro-batch of the update (:func:`hacrl_fed.update.loop.hacpo_update`'s
         ``row_gate``): own rows 1 (their ℓ joins the learner's own window), a foreign row its source's weight,
         or 0 when the likelihood screen screens it out. ``content_logprob_sums`` are the learner's
         Σ log π over each row's content tokens (nats, before the update's optimizer step on that row). Decided once per row and step (later epochs reuse it)."""

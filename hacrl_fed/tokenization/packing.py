@@ -4,7 +4,7 @@ A training micro-batch (:func:`hacrl_fed.tokenization.views.collate`) holds each
 so a prompt shared by k rows is run through the model k times. Packed, it runs once: every response attends
 to the prompt and causally to itself only, with position ids restarting at ``len(prompt)`` for each response,
 so each response token sees exactly the context (and the positions) it has in its own row. The model-side
-mask and the log-probs are :func:`hacrl_fed.algo.logprobs.token_logprobs` (``packed=``); this module only
+mask and the log-probs are :func:`hacrl_fed.update.logprobs.token_logprobs` (``packed=``); this module only
 plans and lays out the tokens. Pure tensor bookkeeping, no model.
 """
 

@@ -29,15 +29,15 @@ import torch
 from torch import Tensor, nn
 
 from hacrl_fed.algo.capability import RatioKey, row_ratio
-from hacrl_fed.algo.logprobs import packing_unsupported, token_logprobs
+from hacrl_fed.update.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
-from hacrl_fed.algo.schedule import scheduled_lr
+from hacrl_fed.update.schedule import scheduled_lr
 from hacrl_fed.tokenization.packing import pack_rows, pair_cost, plan_packed_microbatches
 from hacrl_fed.tokenization.views import TrainingRow, collate
 
 if TYPE_CHECKING:
     from hacrl_fed.algo.config import AlgoConfig
-    from hacrl_fed.algo.optim_config import OptimConfig
+    from hacrl_fed.update.optim_config import OptimConfig
 
 
 RowGate = Callable[[Sequence[TrainingRow], Sequence[float]], Sequence[float]]
@@ -423,7 +423,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         pad_id: padding id (masks come from lengths, so any id works); default from the model config.
         source_rotation: rotates the order of the sources (:func:`source_order`); pass the step so
             no source always gets the tightest stepwise bounds.
-        step: the training step (1-based) for the lr schedule (:func:`hacrl_fed.algo.schedule.scheduled_lr`):
+        step: the training step (1-based) for the lr schedule (:func:`hacrl_fed.update.schedule.scheduled_lr`):
             with ``optim.has_schedule`` every update sets the optimizer's lr from it; None (or no schedule)
             leaves the optimizer's lr as it is.
         max_response_tokens: the learner's response cap, L_max of ``algo.loss_aggregation = "constant"``.

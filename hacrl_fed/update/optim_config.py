@@ -2,7 +2,7 @@
 
 The ``optim`` section of an agent's config (:class:`hacrl_fed.config.AgentConfig`; ``hacrl_fed.config``
 re-exports :class:`OptimConfig`). It lives beside the update it configures
-(:mod:`hacrl_fed.algo.update`), so the math imports nothing above ``algo/``. Pure data; no I/O, no torch.
+(:mod:`hacrl_fed.update.loop`), so the math imports nothing above ``algo/``. Pure data; no I/O, no torch.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class OptimConfig(BaseModel):
     update Δθ cosine ≥ 0.999999995. ``micro_batch_tokens`` then counts packed tokens. ``auto``: on where the
     family takes such a mask exactly (``model_type`` llama — SmolLM2 — and gemma3_text, whose sliding layers
     get their own windowed mask; sdpa or eager attention; also LoRA-wrapped:
-    :func:`hacrl_fed.algo.logprobs.packing_unsupported`), the unpacked forward otherwise (flash attention,
+    :func:`hacrl_fed.update.logprobs.packing_unsupported`), the unpacked forward otherwise (flash attention,
     Qwen and other families); ``on``: fail (ValueError) where it cannot; ``off``: never."""
     logprob_chunk_tokens: PositiveInt = 1024
     """Positions per chunk when computing selected-token log-probs (no full [T, V] log-softmax)."""
@@ -60,7 +60,7 @@ class OptimConfig(BaseModel):
     the weights by its momentum and weight decay with no signal from the batch (what verl and TRL do)."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule (TRL/transformers ``lr_scheduler_type``; formulas in
-    :mod:`hacrl_fed.algo.schedule`): ``constant`` (default: ``lr`` throughout; with a warm-up it is
+    :mod:`hacrl_fed.update.schedule`): ``constant`` (default: ``lr`` throughout; with a warm-up it is
     transformers' ``constant_with_warmup``), ``linear`` decay to 0, ``cosine`` decay to 0, over
     ``schedule_steps`` training steps. The lr is a function of the step number alone, so a resumed run
     continues the schedule exactly."""

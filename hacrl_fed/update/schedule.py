@@ -21,7 +21,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hacrl_fed.algo.optim_config import OptimConfig
+    from hacrl_fed.update.optim_config import OptimConfig
 
 __all__ = ["lr_factor", "scheduled_lr", "warmup_steps"]
 

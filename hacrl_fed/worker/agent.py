@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hacrl_fed.algo.logprobs import unwrap_causal_lm
+from hacrl_fed.update.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import prompt_record, render_prompt, response_separator, stop_strings
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
@@ -37,10 +37,10 @@ from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, Trai
 from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
-from hacrl_fed.worker.episodes import (EpisodeSample, episode_metrics, episode_prompt_ids, episode_rollout,
-                                       episode_specs, episode_template_of, evaluate_episodes, first_user_text,
-                                       is_episodic, play_episodes)
-from hacrl_fed.worker.evaluate import EvalItem, evaluate_items, summarize
+from hacrl_fed.play.episodes import (EpisodeSample, episode_metrics, episode_prompt_ids, episode_rollout,
+                                     episode_specs, episode_template_of, evaluate_episodes, first_user_text,
+                                     is_episodic, play_episodes)
+from hacrl_fed.play.evaluate import EvalItem, evaluate_items, summarize
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
@@ -308,7 +308,7 @@ class AgentWorker:
 
     @property
     def episode_template(self) -> EpisodeTemplate:
-        """How this site renders a multi-turn episode (:func:`~hacrl_fed.worker.episodes.episode_template_of`).
+        """How this site renders a multi-turn episode (:func:`~hacrl_fed.play.episodes.episode_template_of`).
         Raises InvalidRequestError for a template that cannot render one."""
         try:
             return episode_template_of(self.tokenizer, self.cfg.model)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from hacrl_fed.algo.advantages import row_advantages
 from hacrl_fed.algo.capability import RatioKey, capability_ratio, row_ratio, task_ratios
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, EnvelopeError, open_envelope
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
@@ -43,7 +43,7 @@ from hacrl_fed.tokenization.episodes import EpisodeTemplate, foreign_episode_row
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
-from hacrl_fed.worker.episodes import EpisodeSample, own_episode_rows
+from hacrl_fed.play.episodes import EpisodeSample, own_episode_rows
 from hacrl_fed.worker.errors import PreconditionError
 
 __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]

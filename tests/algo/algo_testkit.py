@@ -22,7 +22,7 @@ PROBLEMS = ["What is 2 + 3?", "Compute 17 * 4, then add 5.", "How many apples ar
 @torch.no_grad()
 def sequence_logprob_sum(model, prompt_ids, response_ids) -> float:
     """Σ log π(response | prompt) with the project's log-prob function (the behaviour forward)."""
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
 
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     logp = token_logprobs(model, ids, torch.ones_like(ids))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.update.logprobs import token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss
 
 from algo_testkit import LLAMA

@@ -16,11 +16,11 @@ import pytest
 import torch
 from algo_testkit import GEMMA, LLAMA
 
-import hacrl_fed.algo.update as update
+import hacrl_fed.update.loop as update
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.update.logprobs import token_logprobs
 from hacrl_fed.algo.losses import compute_loss
-from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.data.prompts import conversation_template, response_separator
 from hacrl_fed.tokenization.episodes import EpisodeTemplate, foreign_episode_row, own_episode_row

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hacrl_fed.algo.logprobs import position_ids_from_mask, token_logprobs, unwrap_causal_lm
+from hacrl_fed.update.logprobs import position_ids_from_mask, token_logprobs, unwrap_causal_lm
 from hacrl_fed.tiny_models import TINY_KINDS, build_tiny_model
 
 transformers = pytest.importorskip("transformers")

@@ -10,8 +10,8 @@ from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows
 
 from hacrl_fed.algo.advantages import row_advantages
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.logprobs import packing_unsupported, token_logprobs
-from hacrl_fed.algo.update import hacpo_update
+from hacrl_fed.update.logprobs import packing_unsupported, token_logprobs
+from hacrl_fed.update.loop import hacpo_update
 from hacrl_fed.config import OptimConfig
 from hacrl_fed.tokenization.packing import pack_rows, plan_packed_microbatches
 from hacrl_fed.tokenization.views import collate
@@ -173,7 +173,7 @@ def _flat(model):
 def test_update_with_and_without_packing_is_the_same(agents, monkeypatch, recipe):
     """The whole step (own + foreign rows, groups and singletons, KL to the reference, GRPO's old per-token
     pass) moves the parameters the same with the option on and off; on, every forward is packed."""
-    import hacrl_fed.algo.update as update
+    import hacrl_fed.update.loop as update
 
     model, rows, ratios = agents
     if recipe == "grpo":
@@ -204,7 +204,7 @@ def test_update_with_and_without_packing_is_the_same(agents, monkeypatch, recipe
 
 
 def test_auto_packs_only_supported_models_and_on_refuses_the_rest(agents, monkeypatch):
-    import hacrl_fed.algo.update as update
+    import hacrl_fed.update.loop as update
 
     model, rows, ratios = agents
     algo = AlgoConfig(kl_coef=0.0)

@@ -10,7 +10,7 @@ from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows, sequence_log
 
 from hacrl_fed.algo.advantages import row_advantages
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hacrl_fed.algo.schedule import lr_factor, scheduled_lr, warmup_steps
+from hacrl_fed.update.schedule import lr_factor, scheduled_lr, warmup_steps
 from hacrl_fed.config import ClientConfig, OptimConfig, SimulateConfig
 
 HF_NAMES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}

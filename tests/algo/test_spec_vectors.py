@@ -19,7 +19,7 @@ from hacrl_fed.algo.losses import (
     sequence_log_ratio,
 )
 from hacrl_fed.algo.registry import ADVANTAGE_ESTIMATORS
-from hacrl_fed.algo.update import plan_minibatches
+from hacrl_fed.update.loop import plan_minibatches
 
 TOL = 1e-6
 

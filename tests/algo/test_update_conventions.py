@@ -17,8 +17,8 @@ import torch
 from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows, sequence_logprob_sum
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.logprobs import token_logprobs
-from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.update.logprobs import token_logprobs
+from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 
 

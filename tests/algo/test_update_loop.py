@@ -11,7 +11,7 @@ from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows, sequence_log
 
 from hacrl_fed.algo.advantages import row_advantages
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.update import (
+from hacrl_fed.update.loop import (
     hacpo_update,
     make_optimizer,
     order_rows,
@@ -209,7 +209,7 @@ def test_update_on_cuda_matches_cpu(agents):
 @pytest.mark.parametrize("recipe", ["hacpo", "grpo"])
 def test_lm_head_runs_only_over_response_tokens(agents, monkeypatch, recipe):
     """Every forward of the update (learner, reference, GRPO's old per-token pass) asks for response positions only."""
-    import hacrl_fed.algo.update as update
+    import hacrl_fed.update.loop as update
 
     model, rows, ratios = agents
     masks = []
@@ -218,7 +218,7 @@ def test_lm_head_runs_only_over_response_tokens(agents, monkeypatch, recipe):
         masks.append((kw.get("score_mask"), attention_mask))
         return token_logprobs(model, input_ids, attention_mask, **kw)
 
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
     monkeypatch.setattr(update, "token_logprobs", spy)
     algo = AlgoConfig.preset(recipe)
     use = rows if algo.share_rollouts else [r for r in rows if r.is_own]

@@ -12,9 +12,9 @@ from algo_testkit import LLAMA, make_agent_rows, sequence_logprob_sum
 
 from hacrl_fed.algo.advantages import group_advantages, row_advantages
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.logprobs import token_logprobs
+from hacrl_fed.update.logprobs import token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss
-from hacrl_fed.algo.update import hacpo_update, make_optimizer
+from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 
 L_MAX = 6

@@ -11,8 +11,8 @@ import pytest
 
 from fedutil import boxed_verify, problems
 from hacrl_fed.config import DataConfig, RunConfig
-from hacrl_fed.coordinator.async_pool import AsyncPool, PooledBatch, staleness
-from hacrl_fed.coordinator.async_rounds import run_async
+from hacrl_fed.async_rounds.pool import AsyncPool, PooledBatch, staleness
+from hacrl_fed.async_rounds.loop import run_async
 from hacrl_fed.coordinator.rounds import Setup, run_coordinator
 from hacrl_fed.data.sampler import PromptSampler
 from hacrl_fed.v1 import rollout_pb2 as pb

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.optim_config import OptimConfig
+from hacrl_fed.update.optim_config import OptimConfig
 from hacrl_fed.protocol.validation import BatchRejected, Reason, validate_envelope
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.worker.trainer import StepRollouts, Trainer

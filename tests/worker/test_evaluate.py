@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hacrl_fed.cli import app
-from hacrl_fed.worker.evaluate import ProblemResult, pass_at_k, summarize
+from hacrl_fed.play.evaluate import ProblemResult, pass_at_k, summarize
 
 GSM8K_TEST = Path("/work/shared/data/math/gsm8k_test.jsonl")
 

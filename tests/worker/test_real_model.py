@@ -40,7 +40,7 @@ def test_smollm2_generation_pass_logprobs_match_teacher_forced():
     """On the real model: the sampling pass's behaviour log-probs equal the teacher-forced ones to float32
     rounding (per token < 2e-4 nats, a row's mean < 5e-5: far inside GSPO's 3e-4 clip); under bf16 autocast
     the teacher-forced pass ``auto`` picks equals the trainer's layout while the generation pass does not."""
-    from hacrl_fed.algo.logprobs import token_logprobs
+    from hacrl_fed.update.logprobs import token_logprobs
 
     lm = load_model(ModelConfig(name_or_path="smollm2-135m-instruct"))
     system = "Solve the problem. Put the final answer in \\boxed{}."
