@@ -105,7 +105,7 @@ class AlgoConfig(BaseModel):
     missing_behaviour_logprob: Literal["success_only", "luffy_shaping"] = "success_only"
     """Foreign rows whose source sent no behaviour log-prob (an API endpoint without log-probs,
     docs/cross-vendor.md): their cross ratio s is undefined, so the paper's Eqs. 10–14 cannot apply. Both rules
-    are named extensions (:func:`hacrl_fed.algo.losses.missing_logprob_objective`); rows with a log-prob are
+    are named extensions (:func:`hacrl_fed.algo.extensions.missing_logprob_objective`); rows with a log-prob are
     untouched. ``success_only``: a verified success (A > 0) is kept at the window's edge weight,
     J = l_m · sg(l_m)^α · r_{j→k} · A (gradient l_m^(1+α)·r·A·∇ mean log π_k), a non-success (A ≤ 0) is dropped
     — this project's ``success_gated`` rule with the behaviour probability unknown, in the spirit of the
@@ -156,6 +156,16 @@ class AlgoConfig(BaseModel):
     ``batch`` (TRL ``"batch"``; Hu et al., REINFORCE++): σ = unbiased std of every reward of the learner's
     step. ``none`` (Dr. GRPO; TRL ``"none"``/``False``): A = R − μ̂. The baseline μ̂ (capability-weighted
     for HACPO) and the uniform-group and size-1 rules are the same in every mode."""
+    peer_distill_coef: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    """Peer distillation (named extension, :mod:`hacrl_fed.algo.peer_distill`): λ₀ of a supervised NLL term on the
+    foreign rows above their group's baseline after the screens, L = L_HACPO + λ_t · L_PD. 0 (default, every
+    preset): off, the update is exactly the recipe's."""
+    peer_distill_schedule: Literal["constant", "linear"] = "constant"
+    """λ_t: ``constant`` λ₀, or ``linear`` λ₀ · max(0, 1 − (t − 1)/T) over ``peer_distill_steps`` T."""
+    peer_distill_steps: Annotated[int, Field(ge=1)] | None = None
+    """T of the ``linear`` schedule (training steps until λ_t reaches 0)."""
+    peer_distill_weighting: Literal["indicator", "advantage"] = "indicator"
+    """ω_i of a distilled row: ``indicator`` 1, or ``advantage`` A_i · g_i (advantage-weighted regression)."""
     mask_truncated_completions: bool = False
     """Rows that do not end with EOS (cut at ``max_new_tokens``, or at the learner's ``max_response_tokens``)
     give no loss and no gradient (TRL ``mask_truncated_completions``; DAPO's overlong filtering). Their
@@ -174,6 +184,8 @@ class AlgoConfig(BaseModel):
         lo, hi = self.ratio_clip
         if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
             raise ValueError(f"ratio_clip must be finite with 0 < low <= high, got {self.ratio_clip}")
+        if self.peer_distill_coef > 0 and self.peer_distill_schedule == "linear" and self.peer_distill_steps is None:
+            raise ValueError("peer_distill_schedule = 'linear' needs peer_distill_steps (the steps until λ reaches 0)")
         return self
 
     @classmethod

@@ -24,16 +24,16 @@ Row objective J_i (maximized; the loss is −J):
   byte of the shared text (``cross_ratio_unit``), verified successes below the window kept at the edge
   weight (``cross_below_window``), rows above 1 kept at weight 1 (``cross_above_window``).
 * cross row, naive sharing (``cross_objective="self"``): the GSPO self objective with the
-  source's behaviour log-prob as the old log-prob (no ω, no stepwise window).
+  source's behaviour log-prob as the old log-prob (no ω, no stepwise window); in :mod:`hacrl_fed.algo.extensions`.
 * cross row whose source sent no behaviour log-prob (extension, ``missing_behaviour_logprob``,
-  :func:`missing_logprob_objective`): ``success_only`` J = l_m · sg(l_m)^α · r_{j→k} · A for A > 0, else 0;
+  :mod:`hacrl_fed.algo.extensions`): ``success_only`` J = l_m · sg(l_m)^α · r_{j→k} · A for A > 0, else 0;
   or ``luffy_shaping`` J = r_{j→k} · A · mean_t π_k/(π_k + γ) (LUFFY arXiv 2504.14945).
 
 Mini-batch loss (spec §6): mean over all sequences of the mini-batch of −J_i, plus
 β · mean k3-KL over the **own** rows' response tokens. Named alternatives of the aggregation
-(``AlgoConfig.loss_aggregation``, :func:`aggregate`): the token mean of DAPO and Dr. GRPO's constant
-normalizer, reading each row's J_i as the per-token mean of its L_i response tokens (exact for the GRPO
-token term; the sequence terms are constant over the row's tokens, as TRL's (B, 1) sequence ratio).
+(``AlgoConfig.loss_aggregation``, :func:`aggregate`; :mod:`hacrl_fed.algo.extensions`): the token mean of
+DAPO and Dr. GRPO's constant normalizer, reading each row's J_i as the per-token mean of its L_i response tokens
+(exact for the GRPO token term; the sequence terms are constant over the row's tokens, as TRL's (B, 1) sequence ratio).
 Rows outside ``LossInputs.loss_mask`` (``AlgoConfig.mask_truncated_completions``) give no loss.
 """
 
@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hacrl_fed.algo.registry import CROSS_OBJECTIVES, LOSS_AGGREGATIONS, SELF_OBJECTIVES
+from hacrl_fed.algo.registry import (CROSS_OBJECTIVES, LOSS_AGGREGATIONS, MISSING_LOGPROB_OBJECTIVES,
+                                    SELF_OBJECTIVES)
 
 if TYPE_CHECKING:
     from hacrl_fed.algo.config import AlgoConfig
@@ -84,7 +85,8 @@ class LossInputs:
         num_tokens: Σ L_i over the masked-in rows of the whole mini-batch (``token_mean``); None = here.
         max_response_tokens: L_max of the ``constant`` aggregation (the learner's response cap).
         has_behaviour_logprob: bool [B], the row's source sent its behaviour log-prob (the wire's presence
-            flag; own rows always True). Foreign rows with False take :func:`missing_logprob_objective`, and
+            flag; own rows always True). Foreign rows with False take
+            :func:`hacrl_fed.algo.extensions.missing_logprob_objective`, and
             their ``old_logprob_sum`` / ``old_token_count`` are ignored. None = every row has one.
     """
 
@@ -269,10 +271,10 @@ def gspo_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     """GSPO self term with the sequence ratio s^(k,k) (Eqs. 47–49; T14). Rows [B] → RowTerms."""
     log_s = sequence_log_ratio(inputs.token_logprobs, inputs.response_mask, inputs.old_logprob_sum,
                                inputs.old_token_count, max_abs_log_ratio=cfg.max_abs_log_ratio)
-    return _sequence_surrogate(log_s, inputs, cfg)
+    return sequence_surrogate(log_s, inputs, cfg)
 
 
-def _sequence_surrogate(log_s: Tensor, inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
+def sequence_surrogate(log_s: Tensor, inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     """GSPO's clipped surrogate on a sequence log-ratio: J = min(s·A, clip(s, 1 − ε_l, 1 + ε_h)·A), s = exp(log s)."""
     # s^(k,k) = exp(log s)
     s = torch.exp(log_s)
@@ -348,67 +350,6 @@ def hacpo_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
     return RowTerms(obj, sd, low, high, has_grad)
 
 
-def missing_logprob_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
-    """Objective of foreign rows whose source sent no behaviour log-prob (``cfg.missing_behaviour_logprob``).
-
-    Without π_j,old(y) the cross ratio s of Eq. 11 is undefined, so HACPO's clamp cannot place the row;
-    these rules are named extensions (not the paper), applied to such rows only:
-
-    * ``success_only`` (default; the project's ``success_gated`` rule of ``cross_below_window`` with s unknown,
-      i.e. a verified success is trusted only as far as the window's most off-policy edge; success-only
-      supervised terms of learning from samples without a behaviour probability, cf. LUFFY arXiv 2504.14945):
-      J = l_m · sg(l_m)^α · r_{j→k} · A · u for A > 0, J = 0 (no gradient) for A ≤ 0, with
-      u = exp(m − sg(m)), m = (1/L_k) Σ_t log π_k(y_t) (value 1, gradient ∇m); l_m = ``cross_lower_bound(m)``
-      (1 when ``cross_clip`` is off). Gradient l_m^(1+α)·r·A·∇ mean log π_k.
-    * ``luffy_shaping`` (LUFFY arXiv 2504.14945 Eq. 6–7: off-policy behaviour probability taken as 1,
-      regularized importance sampling f(π) = π/(π + γ)): J = r_{j→k} · A · (1/L_k) Σ_t π_k(y_t)/(π_k(y_t) + γ),
-      every row, no clip; per-token gradient γ·π/(π + γ)² ·∇ log π — large for tokens the learner finds
-      unlikely, vanishing for the ones it already predicts.
-
-    r_{j→k} is the capability ratio (Eq. 10) when ``capability_gradient`` and the HACPO cross objective are on,
-    else 1. Rows [B] → RowTerms; ``ratio`` reports the weight used (l_m, or the mean shaped probability);
-    ``clip_low`` marks a dropped non-success.
-    """
-    lp = inputs.token_logprobs
-    resp = inputs.response_mask.bool()
-    zeros = torch.zeros_like(lp)
-    l_k = resp.sum(-1).clamp(min=1).to(lp.dtype)
-    adv = inputs.advantages.to(lp.dtype)
-    use_omega = cfg.capability_gradient and cfg.cross_objective == "hacpo"
-    omega = inputs.capability_ratio.to(lp.dtype) if use_omega else torch.ones_like(adv)
-    if cfg.missing_behaviour_logprob == "success_only":
-        edge = cfg.cross_lower_bound(inputs.update_index) if cfg.cross_clip else 1.0
-        mean_logp = torch.where(resp, lp, zeros).sum(-1) / l_k
-        unit = torch.exp(mean_logp - mean_logp.detach())       # value 1, gradient ∇ mean log π_k
-        success = adv > 0
-        # J = l_m · sg(l_m)^α · r · A · u   for A > 0;   0 otherwise
-        weight = edge * edge ** cfg.alpha
-        obj = torch.where(success, weight * unit * omega * adv, torch.zeros_like(adv))
-        ratio = torch.full_like(adv, edge).detach()
-        dropped = (~success).to(lp.dtype)
-        has_grad = (success & (omega != 0)).to(lp.dtype)
-        return RowTerms(obj, ratio, dropped, torch.zeros_like(adv), has_grad)
-    if cfg.missing_behaviour_logprob == "luffy_shaping":
-        p = torch.exp(torch.where(resp, lp, zeros))
-        # f(π) = π / (π + γ), token mean over the response
-        shaped = torch.where(resp, p / (p + cfg.luffy_gamma), zeros).sum(-1) / l_k
-        obj = shaped * omega * adv
-        has_grad = ((adv != 0) & (omega != 0)).to(lp.dtype)
-        return RowTerms(obj, shaped.detach(), torch.zeros_like(adv), torch.zeros_like(adv), has_grad)
-    raise ValueError(f"unknown missing_behaviour_logprob rule {cfg.missing_behaviour_logprob!r}; "
-                     "valid: success_only, luffy_shaping")
-
-
-@CROSS_OBJECTIVES.register("self")
-def naive_cross_objective(inputs: LossInputs, cfg: AlgoConfig) -> RowTerms:
-    """Naive sharing: a foreign row gets the GSPO self objective with the source's behaviour
-    log-prob as its old log-prob (two lengths), no ω, no stepwise window. Also used when
-    ``ratio_level="token"``: a foreign row has no per-token old log-probs in the learner's tokens.
-    The ratio follows the cross-ratio conventions (:func:`cross_log_ratio`: content tokens, unit)."""
-    log_s = cross_log_ratio(inputs, unit=cfg.cross_ratio_unit, max_abs_log_ratio=cfg.max_abs_log_ratio)
-    return _sequence_surrogate(log_s, inputs, cfg)
-
-
 # ----------------------------------------------------------------------------- aggregation
 
 
@@ -421,37 +362,10 @@ def sequence_mean(row_loss: Tensor, num_sequences: int | None = None) -> Tensor:
     return row_loss.sum() / n
 
 
-def _row_lengths(row_loss: Tensor, inputs: LossInputs) -> Tensor:
-    """L_i, response tokens of each row, 0 for rows outside ``loss_mask``. [B]"""
-    lengths = inputs.response_mask.bool().sum(-1).to(row_loss.dtype)
-    return lengths if inputs.loss_mask is None else lengths * inputs.loss_mask.to(row_loss.dtype)
-
-
 @LOSS_AGGREGATIONS.register("sequence_mean")
 def _sequence_mean(row_loss: Tensor, inputs: LossInputs) -> Tensor:
     """L = Σ_i loss_i / n (the paper; TRL ``loss_type="grpo"``). [B] → scalar."""
     return sequence_mean(row_loss, inputs.num_sequences)
-
-
-@LOSS_AGGREGATIONS.register("token_mean")
-def token_mean(row_loss: Tensor, inputs: LossInputs) -> Tensor:
-    """L = Σ_i L_i · loss_i / Σ_i L_i over the mini-batch (DAPO arXiv 2503.14476 Eq. 8; TRL ``"dapo"``).
-    ``inputs.num_tokens`` = Σ_i L_i of the whole mini-batch, so micro-batch results add up. [B] → scalar."""
-    lengths = _row_lengths(row_loss, inputs)
-    n_tok = float(lengths.sum()) if inputs.num_tokens is None else float(inputs.num_tokens)
-    # L = Σ_i Σ_t loss_{i,t} / Σ_i L_i,   loss_{i,t} = loss_i for the row's tokens
-    return (lengths * row_loss).sum() / max(n_tok, 1.0)
-
-
-@LOSS_AGGREGATIONS.register("constant")
-def constant_normalizer(row_loss: Tensor, inputs: LossInputs) -> Tensor:
-    """L = Σ_i L_i · loss_i / (n · L_max) (Dr. GRPO arXiv 2503.20783 §3.1; TRL ``"dr_grpo"``). Raises
-    ``ValueError`` without ``inputs.max_response_tokens``. [B] → scalar."""
-    if inputs.max_response_tokens is None or inputs.max_response_tokens < 1:
-        raise ValueError("loss_aggregation = 'constant' needs LossInputs.max_response_tokens (L_max >= 1)")
-    n = row_loss.shape[0] if inputs.num_sequences is None else inputs.num_sequences
-    # L = Σ_i Σ_t loss_{i,t} / (n · L_max)      (a constant: no length bias either way)
-    return (_row_lengths(row_loss, inputs) * row_loss).sum() / (n * inputs.max_response_tokens)
 
 
 def aggregate(row_loss: Tensor, inputs: LossInputs, mode: str = "sequence_mean") -> Tensor:
@@ -486,7 +400,8 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
 
     Own rows use ``SELF_OBJECTIVES[cfg.ratio_level]``, cross rows
     ``CROSS_OBJECTIVES[cfg.cross_objective]``, cross rows without a behaviour log-prob
-    :func:`missing_logprob_objective`. Raises ``ValueError`` on inconsistent shapes.
+    ``MISSING_LOGPROB_OBJECTIVES[cfg.missing_behaviour_logprob]`` (:mod:`hacrl_fed.algo.extensions`). Raises
+    ``ValueError`` on inconsistent shapes.
     """
     _check_inputs(inputs)
     own = inputs.is_own.bool()
@@ -497,7 +412,7 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
     if bool((~own & ~missing).any()):
         parts["cross"] = CROSS_OBJECTIVES.get(cfg.cross_objective)(_with_placeholder_logprob(inputs, missing), cfg)
     if bool(missing.any()):
-        no_lp = missing_logprob_objective(inputs, cfg)
+        no_lp = MISSING_LOGPROB_OBJECTIVES.get(cfg.missing_behaviour_logprob)(inputs, cfg)
         parts["cross"] = no_lp if "cross" not in parts else _merge_terms(~missing, parts["cross"], no_lp)
     rows = _merge_terms(own, parts.get("self"), parts.get("cross"))
     # loss_i = −J_i ;  L_pg = (1/|mini-batch|) Σ_i loss_i   (or the configured aggregation)
@@ -531,7 +446,8 @@ def _missing_logprob(inputs: LossInputs) -> Tensor:
 
 def _with_placeholder_logprob(inputs: LossInputs, missing: Tensor) -> LossInputs:
     """``inputs`` with a finite placeholder old log-prob on the rows without one, so the cross objective's
-    vectorized value stays finite there (those rows' terms are then replaced by :func:`missing_logprob_objective`)."""
+    vectorized value stays finite there (those rows' terms are then replaced by the rule of
+    ``MISSING_LOGPROB_OBJECTIVES``)."""
     if not bool(missing.any()):
         return inputs
     return dataclasses.replace(inputs, old_logprob_sum=torch.where(missing, torch.zeros_like(inputs.old_logprob_sum),

@@ -10,7 +10,7 @@ The old log-prob of every row is its ``behaviour_logprob_sum`` over ``behaviour_
 tokens: the source's pre-update policy in the source's tokenization for foreign rows, the
 learner's own pre-update forward for own rows. A foreign row whose source sent none (the wire's presence
 flag, ``TrainingRow.has_behaviour_logprob``) is trained by ``AlgoConfig.missing_behaviour_logprob``
-(:func:`hacrl_fed.algo.losses.missing_logprob_objective`). It is never replaced by the current
+(:func:`hacrl_fed.algo.extensions.missing_logprob_objective`). It is never replaced by the current
 (detached) log-prob — verl's on-policy shortcut would silently corrupt the cross ratio
 (spec §6). Rows are never shuffled, so the stepwise index m of every row is well defined;
 by default m counts only the updates that hold cross rows (``AlgoConfig.stepwise_index``,

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.losses import LossInputs, compute_loss, cross_log_ratio, hacpo_cross_objective, naive_cross_objective
+from hacrl_fed.algo.extensions import naive_cross_objective
+from hacrl_fed.algo.losses import LossInputs, compute_loss, cross_log_ratio, hacpo_cross_objective
 
 TOL = 1e-6
 

@@ -20,7 +20,8 @@ import torch
 from algo_testkit import GEMMA, LLAMA, as_foreign, make_agent_rows
 
 from hacrl_fed.algo.config import AlgoConfig
-from hacrl_fed.algo.losses import LossInputs, compute_loss, missing_logprob_objective
+from hacrl_fed.algo.extensions import missing_logprob_objective
+from hacrl_fed.algo.losses import LossInputs, compute_loss
 from hacrl_fed.update.loop import hacpo_update, make_optimizer
 from hacrl_fed.config import OptimConfig
 
