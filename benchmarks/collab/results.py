@@ -1,0 +1,55 @@
+"""A results directory of the collaboration benchmark: ``meta.json`` (:func:`merge_meta`, one contributor per
+directory: :func:`check_contributor`) and the summary files rebuilt from ``before.json`` and ``cells/``
+(:func:`summarize`: ``results.json``, ``results.md``, ``collab.png``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from collab.plot import plot
+from collab.render import render_markdown
+from collab.summary import summary_of
+
+
+def contributor_source(value: str) -> str:
+    """A contributor's identity as cells and ``meta.json`` record it: the URL, or the directory resolved."""
+    return value if value.startswith(("http://", "https://")) else str(Path(value).expanduser().resolve())
+
+
+def check_contributor(path: Path, name: str, source: str) -> None:
+    """Raise ``ValueError`` when ``meta.json`` at ``path`` names another contributor (name or source) than
+    ``name`` from ``source``: two contributors' cells would mix under one recipe name."""
+    old = json.loads(path.read_text()).get("contributor") if path.exists() else None
+    if old and (old.get("name"), old.get("source")) != (name, source):
+        raise ValueError(f"{path.parent} holds cells of contributor {old.get('name')!r} from {old.get('source')!r}; "
+                         f"this run's is {name!r} from {source!r}: use another --out")
+
+
+def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
+    """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
+    the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described).
+    A run that adds contributor cells to a directory keeps the directory's ``"command"`` (the one its cells
+    without a contributor came from); its own command is the contributor record's."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    site = contributor or old.get("contributor")
+    command = {"command": old["command"]} if contributor and old.get("command") else {}
+    return meta | command | ({"contributor": site} if site else {})
+
+
+def summarize(out: Path) -> dict:
+    """Rebuild the summary of the results directory ``out`` from its ``meta.json``, ``before.json`` and
+    ``cells/*.json`` (:func:`collab.summary.summary_of`); write ``results.json``, ``results.md`` and, when
+    matplotlib is installed, ``collab.png``; return the summary. Runs no cell."""
+    before = json.loads((out / "before.json").read_text())
+    cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
+    meta = json.loads((out / "meta.json").read_text())
+    summary = summary_of(meta, before, cells)
+    agents = sorted(before["agents"])
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(render_markdown(summary, agents))
+    try:
+        plot(summary, agents, out / "collab.png")
+    except ImportError:
+        pass
+    return summary
