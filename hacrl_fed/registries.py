@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["ANSWER_STYLES", "DATA_SOURCES", "IMPORT_PATH", "NAME", "ROLLOUT_ENGINES", "Registry", "import_target"]
@@ -117,6 +117,9 @@ class Registry:
         """Every registered name (built in, registered, entry points), sorted."""
         self._read_entry_points()
         return tuple(sorted(self._targets))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
 
     def builtin_names(self) -> tuple[str, ...]:
         """The built-in names, sorted."""

@@ -12,7 +12,7 @@ TRL            ``prompt`` (string, or chat list: last user  ``solution`` (last `
 verl           ``prompt`` (chat list)                       ``reward_model.ground_truth``    ``extra_info.index``
 =============  ===========================================  ===============================  ===============
 
-Rows without an id get ``<file stem>-<line>``. Optional ``answer_style`` (``boxed``/``gsm8k``) and
+Rows without an id get ``<file stem>-<line>``. Optional ``answer_style`` (``boxed``/``gsm8k``/a registered style) and
 ``source``/``data_source`` columns are kept. A bad row raises :class:`DataError` naming the file
 and line (JSONL) or row (parquet, datasets).
 """
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from hacrl_fed.data.arithmetic import iter_problems
 from hacrl_fed.data.problem import DataError, Problem
 from hacrl_fed.data.sampler import PromptSampler
-from hacrl_fed.reward.extract import ANSWER_STYLES, is_answer_style, reference_answer
+from hacrl_fed.registries import ANSWER_STYLES, DATA_SOURCES
+from hacrl_fed.reward.extract import is_answer_style, reference_answer
 
 if TYPE_CHECKING:
     from hacrl_fed.config import DataConfig
@@ -123,8 +124,9 @@ def _row_id(row: dict[str, Any], stem: str, number: int) -> str:
 def problems_from_rows(rows: Iterable[tuple[str, Any]], *, stem: str, answer_style: str = "boxed") -> list[Problem]:
     """Convert ``(where, row)`` pairs to problems. ``where`` (e.g. ``data.jsonl:12``) prefixes every
     error; ``stem`` names rows without an id. Raises :class:`DataError` for a bad row or duplicate id."""
-    if answer_style not in ANSWER_STYLES:
-        raise DataError(f"unknown answer style {answer_style!r}; expected one of {ANSWER_STYLES}")
+    if not is_answer_style(answer_style):
+        raise DataError(f"unknown answer style {str(answer_style)[:80]!r}; registered: "
+                        f"{', '.join(ANSWER_STYLES.names())}")
     out: list[Problem] = []
     first_seen: dict[str, str] = {}
     for i, (where, row) in enumerate(rows):
@@ -137,7 +139,8 @@ def problems_from_rows(rows: Iterable[tuple[str, Any]], *, stem: str, answer_sty
             answer = _answer_text(row)
             style = row.get("answer_style") or answer_style
             if not is_answer_style(style):
-                raise ValueError(f"answer_style must be one of {ANSWER_STYLES} or task:<name>, got {str(style)[:80]!r}")
+                raise ValueError(f"answer_style must be one of {', '.join(ANSWER_STYLES.names())} or task:<name>, got "
+                                 f"{str(style)[:80]!r}")
         except ValueError as err:
             raise DataError(f"{where}: {err}") from None
         pid = _row_id(row, stem, i + 1)
@@ -388,7 +391,8 @@ def _arithmetic(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
 
 
 def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
-    """``(train, held_out)`` for a run's ``[run.data]`` section.
+    """``(train, held_out)`` for a run's ``[run.data]`` section, from the loader ``cfg.source`` names in
+    :data:`hacrl_fed.registries.DATA_SOURCES` (``load(cfg) -> (train, held_out)``; docs/extending.md). Built in:
 
     * ``arithmetic``: ``num_problems`` generated training problems (seeded by ``cfg.seed``) and
       ``eval_size`` held-out problems that are the same for every seed; disjoint by construction.
@@ -399,33 +403,15 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
       ``eval_size`` rows of ``cfg.eval_path`` if given, else ``eval_size`` rows of the source.
       Train never contains a held-out problem text.
 
-    Raises :class:`DataError` for unreadable sources, bad rows or an empty training set.
+    Raises :class:`DataError` for an unknown source or one that does not import, unreadable data, bad rows, a
+    loader that returns anything but two lists of :class:`Problem` with known answer styles, or an empty training
+    set.
     """
-    if cfg.source == "reasoning_gym":
-        from hacrl_fed.data.tasks import load_task_problems
-
-        train, held = load_task_problems(cfg)
-    elif cfg.source == "episodes":
-        from hacrl_fed.data.episodes import load_episode_problems
-
-        train, held = load_episode_problems(cfg)
-    elif cfg.source == "arithmetic":
-        train, held = _arithmetic(cfg)
-        if cfg.answer_style != "boxed":
-            train = [_restyle(p, cfg.answer_style) for p in train]
-            held = [_restyle(p, cfg.answer_style) for p in held]
-    else:
-        assert cfg.path is not None  # DataConfig validates this
-        if cfg.source == "hf":
-            problems = load_hf(cfg.path, cfg.split, answer_style=cfg.answer_style)
-        else:
-            problems = load_file(cfg.path, answer_style=cfg.answer_style, split=cfg.split)
-        if cfg.eval_path:
-            held = load_file(cfg.eval_path, answer_style=cfg.answer_style, split=cfg.split)[: cfg.eval_size]
-            held_texts = {p.problem for p in held}
-            train = [p for p in problems if p.problem not in held_texts]
-        else:
-            train, held = split_held_out(problems, cfg.eval_size)
+    try:
+        load = DATA_SOURCES.get_callable(cfg.source)
+    except ValueError as err:
+        raise DataError(f"data.source: {err}") from None
+    train, held = _checked(cfg.source, load(cfg))
     if not train:
         raise DataError(f"no training problems left from data source {cfg.source!r} ({cfg.path or 'generated'})")
     return train, held
@@ -433,3 +419,50 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
 
 def _restyle(p: Problem, style: str) -> Problem:
     return Problem(p.id, p.problem, p.answer, style, p.source)
+
+
+def _checked(source: str, loaded: Any) -> tuple[list[Problem], list[Problem]]:
+    """A loader's ``(train, held_out)``, checked: two lists of :class:`Problem` whose answer styles this process
+    knows (``episode`` for an episode). Raises :class:`DataError` naming the source."""
+    if not isinstance(loaded, tuple) or len(loaded) != 2 or not all(isinstance(x, list) for x in loaded):
+        raise DataError(f"data source {source!r} must return (train, held_out), two lists of Problem; got "
+                        f"{type(loaded).__name__}")
+    for p in (*loaded[0], *loaded[1]):
+        if not isinstance(p, Problem):
+            raise DataError(f"data source {source!r} returned a {type(p).__name__}, not a Problem")
+        if p.episode is None and not is_answer_style(p.answer_style):
+            raise DataError(f"data source {source!r}: problem {p.id[:80]!r} has unknown answer style "
+                            f"{p.answer_style[:80]!r}")
+    return loaded[0], loaded[1]
+
+
+def load_arithmetic(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """``data.source = "arithmetic"``: the built-in generator (:func:`load_problems`), every problem in
+    ``cfg.answer_style``."""
+    train, held = _arithmetic(cfg)
+    if cfg.answer_style != "boxed":
+        train = [_restyle(p, cfg.answer_style) for p in train]
+        held = [_restyle(p, cfg.answer_style) for p in held]
+    return train, held
+
+
+def load_file_source(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """``data.source = "file"``: ``cfg.path`` (JSONL, JSON, parquet or a saved dataset) with its held-out part
+    (:func:`load_problems`)."""
+    assert cfg.path is not None  # DataConfig validates this
+    return _held_out_of(cfg, load_file(cfg.path, answer_style=cfg.answer_style, split=cfg.split))
+
+
+def load_hf_source(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """``data.source = "hf"``: the ``datasets`` dataset ``cfg.path`` (split ``cfg.split``) with its held-out part
+    (:func:`load_problems`)."""
+    assert cfg.path is not None  # DataConfig validates this
+    return _held_out_of(cfg, load_hf(cfg.path, cfg.split, answer_style=cfg.answer_style))
+
+
+def _held_out_of(cfg: DataConfig, problems: list[Problem]) -> tuple[list[Problem], list[Problem]]:
+    if cfg.eval_path:
+        held = load_file(cfg.eval_path, answer_style=cfg.answer_style, split=cfg.split)[: cfg.eval_size]
+        held_texts = {p.problem for p in held}
+        return [p for p in problems if p.problem not in held_texts], held
+    return split_held_out(problems, cfg.eval_size)

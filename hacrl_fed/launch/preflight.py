@@ -4,7 +4,7 @@ exit code 2).
 
 * :func:`check_data` — the run's problem sources: the first rows of ``run.data.path`` and
   ``run.data.eval_path`` loaded by the run's own loader (a bounded part of the file), the tasks of a
-  ``reasoning_gym`` source generated (a few items each);
+  ``reasoning_gym`` source generated (a few items each), a registered source's loader and answer style imported;
 * :func:`check_models` — every agent's model name resolves (no download, no loading);
 * :func:`check_rewards` — every agent's reward functions load;
 * :func:`check_report_to` — what ``run.report_to`` needs is installed;
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hacrl_fed.config import AgentConfig, ConfigError, DataConfig, RunConfig, SimulateConfig
+from hacrl_fed.registries import ANSWER_STYLES, DATA_SOURCES
 
 __all__ = ["check_data", "check_models", "check_report_to", "check_resume", "check_rewards", "check_simulate",
            "check_writable", "read_small"]
@@ -38,9 +39,16 @@ def check_data(data: DataConfig, key: str = "run.data") -> None:
     dataset directory) and for ``eval_path``, the first rows are loaded and converted by the run's own loader
     (:func:`hacrl_fed.data.datasets.load_file_head`: at most a few MB read); for ``reasoning_gym``, every task's
     generator makes a few items (:func:`hacrl_fed.data.datasets.load_problems` with small counts). Raises
-    ConfigError, one line naming the key and the file."""
+    ConfigError, one line naming the key and the file. A source or answer style registered beyond the built-ins
+    (:mod:`hacrl_fed.registries`) must import."""
     from hacrl_fed.data.datasets import DataError, load_file_head
 
+    for registry, name in ((DATA_SOURCES, data.source), (ANSWER_STYLES, data.answer_style)):
+        if name not in registry.builtin_names():
+            try:
+                registry.get(name)
+            except ValueError as err:
+                raise ConfigError(f"{key}.{registry.key.partition('.')[2]}: {err}") from None
     if data.source == "file" or (data.source == "hf" and data.path and data.path.startswith(_PATH_PREFIXES)):
         what = "data file" if data.source == "file" else "dataset directory"
         path = _exists(data.path, f"{key}.path", what)
@@ -91,9 +99,10 @@ def read_small(path: str | Path, key: str, what: str = "file", max_bytes: int = 
 
 
 def check_models(agents: Sequence[AgentConfig], key: str = "agents") -> None:
-    """Every agent's ``model.name_or_path`` resolves (:func:`hacrl_fed.worker.models.check_model_name`), and an
-    agent with ``model.engine = "vllm"`` finds vllm in this environment (its worker starts here). Raises
-    ConfigError naming the agent's key."""
+    """Every agent's ``model.name_or_path`` resolves (:func:`hacrl_fed.worker.models.check_model_name`), and its
+    ``model.engine`` can run in this environment (its worker starts here): the factory of
+    :data:`hacrl_fed.registries.ROLLOUT_ENGINES` imports and its ``check_installed()`` passes (``vllm``: vllm
+    imports). Raises ConfigError naming the agent's key."""
     from hacrl_fed.worker.engines import require_engine
     from hacrl_fed.worker.models import ModelLoadError, check_model_name
 

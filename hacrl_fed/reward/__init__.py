@@ -7,7 +7,8 @@ Public API: :class:`Verifier` (``verify(responses, references, styles)`` → :cl
 """
 
 from hacrl_fed.reward.compare import check_answer
-from hacrl_fed.reward.extract import ANSWER_STYLES, Extraction, extract_final_answer, reference_answer
+from hacrl_fed.registries import ANSWER_STYLES
+from hacrl_fed.reward.extract import Extraction, extract_final_answer, reference_answer
 from hacrl_fed.reward.verdict import VERDICT_PROTO_NAMES, Verdict
 from hacrl_fed.reward.verifier import AccuracyReward, VerdictList, Verifier, accuracy_reward
 

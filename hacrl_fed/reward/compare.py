@@ -35,6 +35,7 @@ from hacrl_fed.reward.extract import (
     max_nesting,
     normalize_latex,
     reference_answer,
+    registered_style,
     task_of_style,
 )
 from hacrl_fed.reward.task_scorers import check_task_answer
@@ -195,7 +196,9 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
         reference: the reference final answer (or a worked solution with ``\\boxed{}``/``####``).
         style: ``boxed`` (a stated answer is required) or ``gsm8k`` (also ``####`` and the final
             number), see :mod:`hacrl_fed.reward.extract`; ``task:<name>``: the last box scored by that
-            procedural task's scorer (:func:`hacrl_fed.reward.task_scorers.check_task_answer`).
+            procedural task's scorer (:func:`hacrl_fed.reward.task_scorers.check_task_answer`); another registered
+            style: its ``extract``, then its own ``check(answer, reference, problem)`` if it has one, else the
+            comparison below.
         problem: the problem text, enabling the restated-problem check.
         (style ``episode``: ``response`` is a trajectory and ``reference`` an environment instance, replayed by
         :func:`hacrl_fed.reward.episode_check.check_episode`.)
@@ -216,6 +219,11 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
     if task is not None:  # a procedural task's own scorer (hacrl_fed.reward.task_scorers)
         found = extract_final_answer(response, style)
         return check_task_answer(None if found is None else found.answer, reference, task, problem)
+    own_check = getattr(registered_style(style), "check", None)
+    if callable(own_check):  # a registered style with its own checker (docs/extending.md)
+        found = extract_final_answer(response, style)
+        verdict = own_check(None if found is None else found.answer, reference, problem)
+        return verdict if isinstance(verdict, Verdict) else Verdict.error("checker_returned_no_verdict")
     ref = normalize_latex(reference_answer(reference))
     if not ref:
         return Verdict.error("reference_empty")

@@ -15,6 +15,8 @@ source                  example                                      ``boxed``  
 ======================  ===========================================  ==========  ==========
 
 Only the *last* ``\\boxed`` counts; if it is unclosed (a truncated response) there is no answer.
+Another registered style (:data:`hacrl_fed.registries.ANSWER_STYLES`, docs/extending.md) states its answer its
+own way: its ``extract(response)`` finds it (source ``style``), and none of the rules below apply.
 A ``task:<name>`` style (a procedural task whose reference is not a number, :func:`task_of_style`) takes
 the content of the last box verbatim and nothing else: no markers, no formatting removal, no corrections.
 
@@ -41,18 +43,26 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any
 
-AnswerStyle = Literal["boxed", "gsm8k"]
-ANSWER_STYLES: tuple[str, ...] = ("boxed", "gsm8k")
+from hacrl_fed.registries import ANSWER_STYLES
+
+AnswerStyle = str
+"""A name of :data:`hacrl_fed.registries.ANSWER_STYLES` (``boxed``, ``gsm8k``, a registered style) or
+``task:<name>``."""
+BUILTIN_STYLES: tuple[str, ...] = ("boxed", "gsm8k")
+"""The styles of the module table, read by this module's own rules."""
 TASK_STYLE_PREFIX = "task:"
 """``task:<name>``: the answer is the content of the last ``\\boxed{}`` alone, scored by the scorer of the
 procedural task ``<name>`` (:mod:`hacrl_fed.reward.task_scorers`), for references that are not a number."""
 _TASK_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 __all__ = [
-    "ANSWER_STYLES",
+    "BOXED",
+    "BUILTIN_STYLES",
+    "GSM8K",
     "AnswerStyle",
+    "registered_style",
     "TASK_STYLE_PREFIX",
     "check_style",
     "is_answer_style",
@@ -86,15 +96,54 @@ def task_of_style(style: str) -> str | None:
 
 
 def is_answer_style(style: str) -> bool:
-    """Whether ``style`` is ``boxed``, ``gsm8k`` or a well-formed ``task:<name>``."""
-    return style in ANSWER_STYLES or task_of_style(style) is not None
+    """Whether ``style`` is a registered answer style (``boxed``, ``gsm8k`` …; never an import path) or a
+    well-formed ``task:<name>``."""
+    return style in BUILTIN_STYLES or task_of_style(style) is not None or style in ANSWER_STYLES
 
 
 def check_style(style: str) -> None:
-    """Raise ``ValueError`` unless ``style`` is ``boxed``, ``gsm8k`` or ``task:<name>`` (:func:`task_of_style`)."""
+    """Raise ``ValueError`` unless ``style`` is a registered answer style or ``task:<name>``
+    (:func:`task_of_style`)."""
     if not is_answer_style(style):
         shown = style[:80] if isinstance(style, str) else type(style).__name__
-        raise ValueError(f"unknown answer style {shown!r}; expected one of {', '.join(ANSWER_STYLES)} or task:<name>")
+        raise ValueError(f"unknown answer style {shown!r}; registered: {', '.join(ANSWER_STYLES.names())} or "
+                         f"task:<name>")
+
+
+def registered_style(style: str) -> Any:
+    """The entry of a registered answer style other than ``boxed`` / ``gsm8k`` / ``task:<name>`` (its ``extract``,
+    and ``check`` / ``answer_end`` where it has them), else ``None``. Raises ``ValueError`` for an unknown style or
+    an entry that does not import."""
+    if style in BUILTIN_STYLES or task_of_style(style) is not None:
+        return None
+    check_style(style)
+    return ANSWER_STYLES.get(style)
+
+
+def _style_extract(entry: Any, style: str, response: str) -> str | None:
+    """The answer a registered style's ``extract`` (or the entry itself, a function) states. Raises ``TypeError``
+    for a result that is neither a string nor None."""
+    found = getattr(entry, "extract", entry)(response)
+    if found is not None and not isinstance(found, str):
+        raise TypeError(f"answer style {style!r}: extract returned a {type(found).__name__}, not a string or None")
+    return found
+
+
+class _Builtin:
+    """The registry entry of ``boxed`` / ``gsm8k`` (this module's rules, through the same interface)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def extract(self, response: str) -> str | None:
+        found = extract_final_answer(response, self.name)
+        return None if found is None else found.answer
+
+    def answer_end(self, response: str) -> int | None:
+        return answer_end(response, self.name)
+
+
+BOXED, GSM8K = _Builtin("boxed"), _Builtin("gsm8k")
 
 
 # Linear time: every pattern that sees response text is written so that a failed match attempt never
@@ -611,6 +660,10 @@ def _extract(response: str, style: str) -> tuple[Extraction | None, _Doc | None]
     if task_of_style(style) is not None:  # a procedural task's answer: the last box, verbatim
         boxed = _last_boxed_span(response)[0]
         return (Extraction(boxed, "boxed") if boxed and boxed.strip() else None), None
+    entry = registered_style(style)
+    if entry is not None:  # a registered style states its answer its own way
+        found = _style_extract(entry, style, response)
+        return (Extraction(found, "style") if found and found.strip() else None), None
     doc = _Doc(strip_formatting(response))
     found, end = doc.stated(style)
     corrections = doc.corrections(end) if found is not None else []
@@ -672,6 +725,10 @@ def answer_end(response: str, style: AnswerStyle = "boxed") -> int | None:
     found, doc = _extract(response, style)
     if found is None:
         return None
+    if found.source == "style":  # a registered style: its own answer_end, else where its answer last occurs
+        own = getattr(registered_style(style), "answer_end", None)
+        at = response.rfind(found.answer)
+        return own(response) if callable(own) else (at + len(found.answer) if at >= 0 else len(response))
     if found.source == "boxed" or doc is None:
         return _last_boxed_span(response)[1]
     text = doc.text

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hacrl_fed.reward.extract import last_boxed
+from hacrl_fed.reward.extract import extract_final_answer, is_answer_style, last_boxed, registered_style
 
 __all__ = ["ACCURACY", "RewardFunction", "WeightedRewards", "format_reward", "load_reward_function",
            "weighted_rewards"]
@@ -46,7 +46,8 @@ def format_reward(prompts: Sequence[str], completions: Sequence[str], *, answer_
                   **kwargs: Any) -> list[float]:
     """1.0 when the completion states its final answer in the demanded form, else 0.0.
 
-    ``boxed`` style: a closed, non-empty ``\\boxed{…}``; ``gsm8k`` style: that or a ``#### N`` line.
+    ``boxed`` style: a closed, non-empty ``\\boxed{…}``; ``gsm8k`` style: that or a ``#### N`` line; another
+    registered style: that or an answer its ``extract`` finds.
 
     >>> format_reward(["2 + 3?"] * 3, ["so \\\\boxed{5}", "the answer is 5", "\\\\boxed{"])
     [1.0, 0.0, 0.0]
@@ -56,7 +57,9 @@ def format_reward(prompts: Sequence[str], completions: Sequence[str], *, answer_
     styles = list(answer_style) if answer_style is not None else ["boxed"] * len(completions)
     out = []
     for text, style in zip(completions, styles, strict=True):
-        stated = bool(last_boxed(text)) or (style == "gsm8k" and _HASHES.search(text) is not None)
+        stated = bool(last_boxed(text)) or (style == "gsm8k" and _HASHES.search(text) is not None) or (
+            is_answer_style(style) and registered_style(style) is not None
+            and extract_final_answer(text, style) is not None)
         out.append(1.0 if stated else 0.0)
     return out
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hacrl_fed.registries import ANSWER_STYLES
 from hacrl_fed.reward.compare import check_answer, warm_up
 from hacrl_fed.protocol.episodes import EPISODE_STYLE
 from hacrl_fed.reward.extract import check_style
@@ -35,7 +36,15 @@ __all__ = ["AccuracyReward", "CheckItem", "VerdictList", "Verifier", "accuracy_r
 
 class CheckItem:
     """Picklable per-item job for the pool: ``(response, reference, style, problem)`` → verdict
-    fields. A callable class (not a closure) so that ``spawn`` can send it to worker processes."""
+    fields. A callable class (not a closure) so that ``spawn`` can send it to worker processes; it carries the
+    answer styles registered in the sending process (as import paths, :meth:`Registry.added
+    <hacrl_fed.registries.Registry.added>`), which the worker process registers in turn."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"styles": ANSWER_STYLES.added()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        ANSWER_STYLES.restore(state.get("styles", {}))
 
     def __call__(self, item: tuple[str, str, str, str | None]) -> tuple[str, float, str, str | None]:
         v = check_answer(*item)
