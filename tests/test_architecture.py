@@ -27,6 +27,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "tokenization": set(),
     "algo": set(),
     "update": {"algo", "tokenization"},
+    "distributed": {"checkpoints", "update"},
     "screen_config": set(),
     "config": {"algo", "screen_config", "update"},
     "envs": {"v1"},
