@@ -23,8 +23,10 @@ the two held-out families alone (docs/tasks.md, "What would move a held-out fami
 On a task suite the evaluation sets are the held-out items of the trained tasks (``held_out``) and the held-out
 task families (``families``); every problem's outcome is kept (``correct``, ``truncated``, ``no_answer``,
 ``wrong_answer``), so a gain is classified as format (before: truncated or no answer) or content (before: a
-stated wrong answer), and results are given per task. The noise section states, from the isolated-GSPO cells,
-the seed and evaluation standard deviations and the minimum detectable effect of a paired comparison.
+stated wrong answer), and results are given per task. The noise section states, per comparison with GSPO
+(and GSPO×2, the paper's HACPO), the seed, problem and residual variance components of the paired differences and
+the minimum detectable effect of the design (:mod:`hacrl_fed.report.stats`; intervals are t on the seeds' degrees
+of freedom).
 
 Each (recipe, seed) cell runs in one process through :mod:`inproc` (the production worker and coordinator
 code without the Flower transport; models loaded once, reset to their initial weights per cell). Evaluation:
@@ -79,7 +81,7 @@ from collab.render import render_markdown  # noqa: E402,F401
 from collab.results import check_contributor, contributor_source, merge_meta, summarize  # noqa: E402,F401
 from collab.scoring import (  # noqa: E402,F401
     OUTCOMES, accuracy, gain_kinds, has_rewards, is_correct, mean_reward, outcome_mix, reward_of)
-from collab.stats import noise, paired_interval, paired_mde  # noqa: E402,F401
+from collab.stats import paired, paired_interval, paired_mde  # noqa: E402,F401
 from collab.summary import (  # noqa: E402,F401
     contributor_site, contributor_summary, mechanism, own_gradient, summary_of)
 

@@ -3,6 +3,8 @@ tables."""
 
 from __future__ import annotations
 
+import math
+
 from collab.recipes import PAIRWISE_BASES, SET_TITLES, TWINS, base_recipe, eval_sets_of, label
 from collab.scoring import OUTCOMES
 from collab.summary import mechanism
@@ -13,9 +15,14 @@ def _pm(s: dict) -> str:
 
 
 def _ci(t) -> str:
+    """``+2.3 [−97.8, +102.5]`` (points); with one paired seed, no interval: ``+25.0 (1 seed)``."""
     if t is None:
         return "—"
     m, lo, hi = t
+    if math.isnan(m):
+        return "—"
+    if lo is None or math.isnan(lo):
+        return f"{100 * m:+.1f} (1 seed)"
     return f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
@@ -158,35 +165,30 @@ def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
 
 
 def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:
-    if "noise" not in summary:
-        return []
+    """The power of each comparison with GSPO (and of the collaborative recipes with :data:`PAIRWISE_BASES`), from
+    the two-way model of its paired differences (:func:`collab.stats.paired_mde`)."""
     sets = eval_sets_of(summary["meta"])
-    lines = ["## Noise and minimum detectable effect (isolated GSPO)", "",
-             "The sd of a cell's accuracy between seeds, the evaluation (binomial) sd of one cell, the larger of "
-             "the two (which the design uses: a seed's accuracy holds its evaluation noise), and the smallest "
-             "difference between two recipes this design detects with 80 % power at two-sided 5 % "
-             "(paired by seed and problem; `noise()` in this script), points, and the seeds per recipe that "
-             "would detect 5 points.", "",
-             "| agent | set | seeds | problems | sd between seeds | sd evaluation | sd used | "
-             "minimum detectable effect | seeds for 5 points |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for a in agents:
-        for e in sets:
-            n = summary["noise"][a][e]
-            f = (lambda x: "–" if x is None else f"{100 * x:.1f}")
-            lines.append(f"| {a} | {SET_TITLES[e][1]} | {n['seeds']} | {n['problems']} | "
-                         f"{f(n.get('sd_between'))} | {f(n['sd_eval'])} | {f(n['sd_seed'])} | {f(n['mde'])} | "
-                         f"{n.get('seeds_for_5_points') or '–'} |")
-    observed = [(r, a, e, rec["agents"][a][e]["mde_vs_gspo"]) for r, rec in summary["recipes"].items()
-                for a in agents for e in sets if (rec["agents"][a][e].get("mde_vs_gspo") or {}).get("mde") is not None]
-    if observed:
-        lines += ["", "As observed, paired by seed (`paired_mde()`): the sd over seeds of the accuracy difference "
-                  "recipe − GSPO and the effect it detects.", "",
-                  "| recipe | agent | set | seeds | sd of the difference | minimum detectable effect | "
-                  "seeds for 5 points |", "|---|---|---|---|---|---|---|"]
-        for r, a, e, m in observed:
-            lines.append(f"| {label(r)} | {a} | {SET_TITLES[e][1]} | {m['seeds']} | {100 * m['sd_diff']:.1f} | "
-                         f"{100 * m['mde']:.1f} | {m['seeds_for_5_points']} |")
+    rows = [(r, b, a, e, m) for r, rec in summary["recipes"].items() for a in agents for e in sets
+            for b, m in (("gspo", rec["agents"][a][e].get("mde_vs_gspo")),
+                         *(rec["agents"][a][e].get("mde_vs") or {}).items())
+            if m and m.get("mde") is not None]
+    if not rows:
+        return []
+    f = (lambda x: "–" if x is None else f"{100 * x:.1f}")
+    lines = ["## Noise and minimum detectable effect", "",
+             "Per comparison, paired by seed and problem (`hacrl_fed/report/stats.py`): the standard deviations of "
+             "the seed, problem and residual components of the difference (two-way crossed model, ANOVA "
+             "estimates), the minimum detectable effect at the seeds n and problems m run (80 % power, two-sided "
+             "5 %, t on n − 1 degrees of freedom, Var = σ²_seed/n + σ²_problem/m + σ²_resid/(n·m)), the seeds that "
+             "would detect 5 points at the same m (– : none, the problems alone keep it above), and the MDE the m "
+             "problems leave with unlimited seeds; points.", "",
+             "| recipe − baseline | agent | set | seeds | problems | sd seed | sd problem | sd residual | "
+             "minimum detectable effect | seeds for 5 points | with unlimited seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, b, a, e, m in rows:
+        lines.append(f"| {label(r)} − {label(b)} | {a} | {SET_TITLES[e][1]} | {m['seeds']} | {m['problems']} | "
+                     f"{f(m['sd_seed'])} | {f(m['sd_problem'])} | {f(m['sd_resid'])} | {f(m['mde'])} | "
+                     f"{m['seeds_for_5_points'] or '–'} | {f(m['floor'])} |")
     return lines + [""]
 
 
@@ -279,6 +281,15 @@ def _family_outcomes_markdown(summary: dict, agents: list[str], fams: list[str])
     return lines + [""]
 
 
+def _seeds_note(summary: dict) -> str:
+    """" Seeds in the cells: 0 (the command asks for 2)." where the cells hold other seeds than the command's."""
+    held = sorted({s for rec in summary["recipes"].values() for s in rec["seeds"]})
+    asked = summary["meta"].get("seeds")
+    if asked is None or held == list(range(asked)):
+        return ""
+    return f" Seeds in the cells: {', '.join(map(str, held)) or 'none'} (the command asks for {asked})."
+
+
 def render_markdown(summary: dict, agents: list[str]) -> str:
     meta = summary["meta"]
     sets = eval_sets_of(meta)
@@ -291,7 +302,8 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
              f"Pair: {meta['pair']} ({', '.join(f'{a} = {m}' for a, m in meta['models'].items())}); "
              f"{meta['steps']} steps of B = {meta['prompts_per_step']} prompts × G = {meta['samples_per_prompt']}; "
              f"{held}; greedy avg@1, %, mean ± std over seeds; Δ vs GSPO: mean [95 % interval], paired by seed and "
-             "problem (two-level bootstrap).", ""]
+             "problem (t on the seeds' degrees of freedom, two-way model: `hacrl_fed/report/stats.py`)."
+             + _seeds_note(summary), ""]
     lines += _noise_markdown(summary, agents)
     for e in sets:
         title = SET_TITLES[e][0]

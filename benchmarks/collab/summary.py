@@ -9,7 +9,7 @@ import statistics
 from collab.recipes import COLLABORATIVE, CONTRIB, CONTRIB_COUNTS, PAIRWISE_BASES, RECIPES, TWINS, base_recipe, \
     eval_sets_of
 from collab.scoring import OUTCOMES, accuracy, gain_kinds, has_rewards, mean_reward, outcome_mix, reward_of
-from collab.stats import noise, paired_interval, paired_mde
+from collab.stats import paired_interval, paired_mde
 
 
 def own_gradient(cells: list[dict], agent: str) -> dict | None:
@@ -108,8 +108,7 @@ def summary_of(meta: dict, before: dict, cells: list[dict]) -> dict:
     Keys: ``meta``; ``before`` (agent → set → accuracy before training); ``recipes`` (recipe → :func:`_recipe`),
     the recipes in :data:`collab.recipes.RECIPES` order, each followed by its ``+contrib`` twin; and where they
     apply ``before_reward`` (episodes: mean reward), ``before_tasks`` / ``before_outcomes`` (task suites: per
-    task accuracy and :func:`collab.scoring.outcome_mix`) and ``noise`` (:func:`collab.stats.noise` of the
-    isolated-GSPO cells). Accuracies are fractions."""
+    task accuracy and :func:`collab.scoring.outcome_mix`). Accuracies are fractions."""
     sets = eval_sets_of(meta)
     tasks_of: dict[str, str] = meta.get("tasks") or {}
     task_names = sorted(set(tasks_of.values()))
@@ -126,8 +125,6 @@ def summary_of(meta: dict, before: dict, cells: list[dict]) -> dict:
                   for a in agents}
         summary["before_tasks"] = {a: {t: accuracy(merged[a], ids_of[t]) for t in task_names} for a in agents}
         summary["before_outcomes"] = {a: {t: outcome_mix(merged[a], ids_of[t]) for t in task_names} for a in agents}
-    if "gspo" in by:
-        summary["noise"] = {a: {e: noise(by["gspo"], a, e) for e in sets} for a in agents}
     for r in recipes:
         summary["recipes"][r] = _recipe(r, by, before, agents, sets, ids_of)
     return summary
@@ -176,7 +173,7 @@ def _agent(r: str, by: dict, before: dict, a: str, sets: tuple[str, ...], ids_of
 def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
     """Agent ``a``'s accuracy on evaluation set ``e`` under recipe ``r``: ``mean``, ``std``, ``n``, ``per_seed``;
     the paired differences against GSPO (``vs_gspo``, ``mde_vs_gspo``), against :data:`PAIRWISE_BASES` and the
-    recipe's twin (``vs``, collaborative recipes), against the recipe without the contributor; the mean episode
+    recipe's twin (``vs``, ``mde_vs``: collaborative recipes; :mod:`collab.stats`), against the recipe without the contributor; the mean episode
     reward (``reward``, episodes) and the format / content gains (``gains``, task suites)."""
     xs = [accuracy(c["after"][a][e]) for c in by[r]]
     out: dict = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
@@ -187,6 +184,7 @@ def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
     if r in COLLABORATIVE:
         out["vs"] = {b: paired_interval(by[r], by[b], a, e) for b in (*PAIRWISE_BASES, TWINS.get(r))
                      if b in by and b != r}
+        out["mde_vs"] = {b: paired_mde(by[r], by[b], a, e) for b in PAIRWISE_BASES if b in by and b != r}
     if base_recipe(r) != r and base_recipe(r) in by:
         out["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
         out["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)

@@ -1,5 +1,6 @@
 """The collaboration benchmark on a task suite, end to end with the tiny models: per-task results, outcomes per
-problem (format vs content), the noise section, resumable cells."""
+problem (format vs content), the noise section (paired comparisons through hacrl_fed.report.stats), resumable
+cells."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     mix = rec["tasks"]["leg_counting"]["outcomes"]    # what the family's answers are: right, wrong, cut, none
     assert set(mix) == {"correct", "wrong_answer", "truncated", "no_answer", "verifier_error"}
     assert abs(sum(mix.values()) - 1) < 1e-9 and abs(mix["correct"] - rec["tasks"]["leg_counting"]["mean"]) < 1e-9
-    assert summary["noise"]["llama-bpe"]["held_out"]["seeds"] == 2
+    assert rec["held_out"]["mde_vs_gspo"]["seeds"] == 2   # the noise section: paired by seed and problem
     for section in ("## Noise and minimum detectable effect", "## Held-out task families", "## Per task",
                     "## Format or content", "## Does an agent gain most where its peer is stronger?",
                     "## Outcomes on the held-out task families", "## Own rows that carried a gradient"):
@@ -51,36 +52,40 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     assert again.count("done already") == 4
 
 
-def test_noise_gives_the_minimum_detectable_effect_and_the_seeds_for_five_points():
+def _cells(table: list[list[int]]) -> list[dict]:
+    """One cell per seed (row), one problem per column, right where the entry is 1."""
+    return [{"seed": s, "after": {"a": {"held_out": {f"p{i}": bool(x) for i, x in enumerate(row)}}}}
+            for s, row in enumerate(table)]
+
+
+def test_paired_interval_is_t_on_the_seeds_of_the_two_way_model():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from run_collab import noise
+    from run_collab import paired_interval
 
-    def cell(correct: int, n: int = 100) -> dict:
-        return {"after": {"a": {"held_out": {f"p{i}": i < correct for i in range(n)}}}}
-
-    got = noise([cell(40), cell(50), cell(60)], "a", "held_out")
-    # sd over seeds 0.10 (above the binomial sd of one cell, 0.05): MDE = 2.8016 · √2 · 0.10 / √3
-    assert abs(got["sd_seed"] - 0.10) < 1e-9 and abs(got["sd_eval"] - 0.05) < 1e-9
-    assert abs(got["mde"] - 2.8016 * 2 ** 0.5 * 0.10 / 3 ** 0.5) < 1e-6
-    assert got["seeds_for_5_points"] == 63            # (2.8016 · √2 · 0.10 / 0.05)^2 = 62.8 → 63
-    quiet = noise([cell(50), cell(50), cell(50)], "a", "held_out")
-    assert quiet["sd_between"] == 0.0 and quiet["sd_seed"] == quiet["sd_eval"]   # evaluation noise is the floor
-    assert noise([cell(50)], "a", "held_out")["mde"] is None
+    # differences A − B = [[1, 1, 1], [0, 0, 1]] (B never right): mean 4/6; the two-way model gives σ²_seed = 1/6,
+    # σ²_problem = 0, σ²_resid = 1/6 (tests/report/test_stats.py, table 2), Var(mean) = 1/12 + 1/36 = 1/9, so the
+    # 95 % interval is 2/3 ± t_{0.975, 1} · 1/3 = 0.6667 ± 4.2354
+    a, b = _cells([[1, 1, 1], [0, 0, 1]]), _cells([[0, 0, 0], [0, 0, 0]])
+    mean, lo, hi = paired_interval(a, b, "a", "held_out")
+    assert abs(mean - 2 / 3) < 1e-12 and abs(lo - (2 / 3 - 4.2354)) < 1e-3 and abs(hi - (2 / 3 + 4.2354)) < 1e-3
+    one = paired_interval(a[:1], b, "a", "held_out")   # one seed: the mean, no interval
+    assert one == (1.0, None, None)
 
 
-def test_paired_mde_removes_what_a_shared_seed_explains():
+def test_paired_mde_gives_the_components_and_the_seeds_for_five_points():
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    from hacrl_fed.report import stats
     from run_collab import paired_mde
 
-    def cell(seed: int, correct: int, n: int = 100) -> dict:
-        return {"seed": seed, "after": {"a": {"held_out": {f"p{i}": i < correct for i in range(n)}}}}
-
-    # seeds differ by 20 points, the recipe adds 5 ± 1 on each: the paired difference hardly varies
-    a = [cell(0, 35), cell(1, 56), cell(2, 74)]
-    b = [cell(0, 30), cell(1, 50), cell(2, 70)]
+    a, b = _cells([[1, 1, 1], [0, 0, 1]]), _cells([[0, 0, 0], [0, 0, 0]])
     got = paired_mde(a, b, "a", "held_out")
-    assert got["seeds"] == 3 and abs(got["sd_diff"] - 0.01) < 1e-9
-    assert abs(got["mde"] - 2.8016 * 0.01 / 3 ** 0.5) < 1e-6 and got["seeds_for_5_points"] == 2
+    assert (got["seeds"], got["problems"]) == (2, 3)
+    assert abs(got["sd_seed"] - (1 / 6) ** 0.5) < 1e-9 and got["sd_problem"] == 0.0
+    assert abs(got["sd_resid"] - (1 / 6) ** 0.5) < 1e-9 and got["floor"] == 0.0
+    assert abs(got["mde"] - (12.7062 + 1.3764) / 3) < 1e-3      # (t_{0.975,1} + t_{0.8,1}) · SE, SE = 1/3
+    c = stats.variance_components([[1, 1, 1], [0, 0, 1]])
+    n = got["seeds_for_5_points"]
+    assert stats.mde(c, n, 3) <= 0.05 < stats.mde(c, n - 1, 3)
     assert paired_mde(a[:1], b, "a", "held_out")["mde"] is None
 
 
