@@ -217,6 +217,25 @@ def test_added_entries_travel_to_another_process_as_import_paths():
     assert r.get("arrow") is toy_style.extract
 
 
+def test_an_installed_packages_entry_points_add_names_imported_only_when_used(monkeypatch):
+    import importlib.metadata
+
+    points = [importlib.metadata.EntryPoint("arrow", "toy_style:extract", "hacrl_fed.test_styles"),
+              importlib.metadata.EntryPoint("Bad-Name", "toy_style:extract", "hacrl_fed.test_styles"),
+              importlib.metadata.EntryPoint("worse", "not a path", "hacrl_fed.test_styles")]
+    asked = []
+
+    def entry_points(group):
+        asked.append(group)
+        return [p for p in points if p.group == group]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    r = Registry("answer style", "k", "hacrl_fed.test_styles", {"one": "toy_style:extract"}, import_paths=False)
+    assert "one" in r and asked == [], "a known name reads no metadata"
+    assert "arrow" in r and r.names() == ("arrow", "one") and asked == ["hacrl_fed.test_styles"]
+    assert r.get("arrow")("=> 3") == "3"
+
+
 def test_checking_a_config_imports_no_data_reward_or_rollout_code():
     code = ("import sys; from hacrl_fed.config import RunConfig, ModelConfig; "
             "RunConfig(data={'source': 'file', 'path': 'x.jsonl', 'answer_style': 'gsm8k'}); "

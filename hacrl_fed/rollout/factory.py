@@ -5,7 +5,8 @@ A rollout engine is registered in :data:`hacrl_fed.registries.ROLLOUT_ENGINES` a
     def make_engine(request: EngineRequest) -> RolloutEngine
 
 called once when a site's worker starts (and by ``hacrl-fed eval``), after the training model has loaded. The
-returned object implements :class:`~hacrl_fed.rollout.engine.RolloutEngine`: ``name``, ``max_batch_sequences``,
+returned object implements :class:`~hacrl_fed.rollout.engine.RolloutEngine`: ``name`` (for logs; the worker's Health
+reports the configured ``model.engine``, which ``hacrl-fed client --worker-address`` compares), ``max_batch_sequences``,
 ``generate(prompt_token_ids, n, sampling, seed) -> list[GeneratedSample]`` (``n`` responses per prompt,
 prompt-major, each with its behaviour log-probs under the current weights at the sampling temperature),
 ``prepare_update()`` and ``weights_updated()`` (the training model's weights are about to change / have changed:

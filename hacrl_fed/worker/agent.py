@@ -579,7 +579,7 @@ class AgentWorker:
                 fingerprint = self.fingerprint
         return wpb.HealthResponse(agent_id=self.name, model_fingerprint=fingerprint, step=self.trainer.step,
                                   device=str(self.loaded.device), ready=True, run_id=self.trainer.run_id,
-                                  engine=self.engine.name)
+                                  engine=self.cfg.model.engine)   # the name the site's config gave (registry)
 
     def checkpoint(self, req: wpb.CheckpointRequest) -> wpb.CheckpointResponse:
         """SAVE a resumable checkpoint or EXPORT a plain Hugging Face directory.

@@ -90,7 +90,7 @@ def _model_path(loaded, work_dir: str | Path):
 def build_engine(loaded, model_cfg, *, stop_strings: Sequence[str] = (), max_batch_sequences: int = 32,
                  logprob_chunk_tokens: int = 1024, work_dir: str | Path, max_model_len: int | None = None,
                  seed: int = 0) -> RolloutEngine:
-    """The rollout engine ``model_cfg.engine`` names, for a loaded model (:class:`~hacrl_fed.worker.models.LoadedModel`):
+    """The rollout engine ``model_cfg.engine`` names for a loaded model (:class:`~hacrl_fed.worker.models.LoadedModel`):
     its factory (:data:`~hacrl_fed.registries.ROLLOUT_ENGINES`) called with an :class:`EngineRequest`.
 
     Raises ``ImportError`` as :func:`require_engine` (before anything is built or exported), ``TypeError`` when the
