@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hacrl_fed.algo.peer_distill import peer_distillation
 from hacrl_fed.algo.registry import (CROSS_OBJECTIVES, LOSS_AGGREGATIONS, MISSING_LOGPROB_OBJECTIVES,
                                     SELF_OBJECTIVES)
 
@@ -88,6 +89,8 @@ class LossInputs:
             flag; own rows always True). Foreign rows with False take
             :func:`hacrl_fed.algo.extensions.missing_logprob_objective`, and
             their ``old_logprob_sum`` / ``old_token_count`` are ignored. None = every row has one.
+        train_step: the training step (1-based) of the peer distillation schedule
+            (:func:`hacrl_fed.algo.peer_distill.distill_coef`); None = the first.
     """
 
     token_logprobs: Tensor
@@ -108,6 +111,7 @@ class LossInputs:
     num_tokens: int | None = None
     max_response_tokens: int | None = None
     has_behaviour_logprob: Tensor | None = None
+    train_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,13 +137,15 @@ class RowTerms:
 
 @dataclass(frozen=True)
 class LossOutput:
-    """:func:`compute_loss` result: scalar loss, ``hacpo/*`` metrics, and detached per-row terms."""
+    """:func:`compute_loss` result: scalar loss, ``hacpo/*`` metrics, and detached per-row terms; ``distilled``:
+    bool [B], the rows of the peer distillation term (None when it is off)."""
 
     loss: Tensor
     metrics: dict[str, float]
     row_loss: Tensor
     rows: RowTerms
     kl: Tensor
+    distilled: Tensor | None = None
 
 
 # ----------------------------------------------------------------------------- mechanisms
@@ -426,8 +432,13 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
     kl = own_rows_kl(inputs, cfg.kl_coef)
     # L = L_pg + β · KL_own
     loss = pg_loss + cfg.kl_coef * kl
-    metrics = _metrics(inputs, cfg, rows, pg_loss, kl, loss)
-    return LossOutput(loss, metrics, row_loss.detach(), rows, kl.detach())
+    distilled, pd_metrics = None, {}
+    if cfg.peer_distill_coef > 0:
+        # + λ_t · L_PD  (named extension, hacrl_fed.algo.peer_distill)
+        distilled, pd_loss, pd_metrics = peer_distillation(inputs, cfg)
+        loss = loss + pd_loss
+    metrics = _metrics(inputs, cfg, rows, pg_loss, kl, loss) | pd_metrics
+    return LossOutput(loss, metrics, row_loss.detach(), rows, kl.detach(), distilled)
 
 
 def hacpo_loss(inputs: LossInputs, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:

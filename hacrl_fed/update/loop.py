@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from hacrl_fed.algo.capability import RatioKey, row_ratio
 from hacrl_fed.update.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
+from hacrl_fed.algo.peer_distill import distill_coef
 from hacrl_fed.update.schedule import scheduled_lr
 from hacrl_fed.tokenization.packing import pack_rows, pair_cost, plan_packed_microbatches
 from hacrl_fed.tokenization.views import TrainingRow, collate
@@ -172,10 +173,13 @@ class _Stats:
     def add_rows(self, sources: list[str], advs: list[float], out) -> None:
         cols = zip(out.rows.ratio.tolist(), out.rows.clip_low.tolist(), out.rows.clip_high.tolist(),
                    out.row_loss.tolist(), out.rows.reached_gradient().tolist(), strict=True)
-        for src, adv, (s, lo, hi, loss, g) in zip(sources, advs, cols, strict=True):
+        distilled = out.distilled.tolist() if out.distilled is not None else [None] * len(sources)
+        for src, adv, (s, lo, hi, loss, g), d in zip(sources, advs, cols, distilled, strict=True):
             for key, value in (("s", s), ("clip_low", lo), ("clip_high", hi), ("loss", loss), ("adv", abs(adv)),
                                ("grad", g), ("pos_adv", float(adv > 0)), ("pos_grad", float(adv > 0 and g > 0))):
                 self.rows[src][key].append(float(value))
+            if d is not None:
+                self.rows[src]["distill"].append(float(d))
 
     def summary(self, rows: Sequence[TrainingRow]) -> dict[str, float]:
         def mean(xs: list[float]) -> float:
@@ -197,6 +201,10 @@ class _Stats:
             out |= {"cross_lower_bound_first": u["cross_lower_bound"][0],
                     "cross_lower_bound_last": u["cross_lower_bound"][-1],
                     "stepwise_saturated_updates": float(sum(b >= 1.0 for b in u["cross_lower_bound"]))}
+        if u["distill_coef"]:
+            n_distilled = sum(sum(col["distill"]) for col in self.rows.values())
+            out |= {"distill_coef": mean(u["distill_coef"]), "distill_rows": float(n_distilled),
+                    "distill_nll": sum(u["distill_nll_sum"]) / n_distilled if n_distilled else 0.0}
         all_adv = [a for src in self.rows.values() for a in src["adv"]]
         out["adv_abs_mean"] = mean(all_adv)
         out["zero_adv_frac"] = mean([float(a == 0.0) for a in all_adv])
@@ -209,6 +217,8 @@ class _Stats:
                     f"src/{src}/pos_adv_rows": sum(col["pos_adv"]), f"src/{src}/pos_adv_grad_rows": sum(col["pos_grad"])}
             if no_lp[src]:
                 out[f"src/{src}/no_logprob_rows"] = float(no_lp[src])
+            if col["distill"]:
+                out[f"src/{src}/distill_rows"] = sum(col["distill"])
         return out
 
 
@@ -225,6 +235,12 @@ class _Context:
     autocast_dtype: torch.dtype | None = None
     row_gate: RowGate | None = None
     packing: bool = False
+    step: int | None = None
+
+    def algo_distill_coef(self) -> float:
+        """λ_t of the peer distillation term at this step (:func:`hacrl_fed.algo.peer_distill.distill_coef`)."""
+        a = self.algo
+        return distill_coef(a.peer_distill_coef, a.peer_distill_schedule, self.step, a.peer_distill_steps)
 
     def in_loss(self, row: TrainingRow) -> bool:
         """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
@@ -360,7 +376,8 @@ def _micro_inputs(ctx: _Context, rows: list[TrainingRow], idx: list[int], packs:
         loss_mask=None if bool(in_loss.all()) else in_loss, num_tokens=n_tokens,
         max_response_tokens=ctx.max_response_tokens,
         has_behaviour_logprob=None if all(rows[i].has_behaviour_logprob for i in idx)
-        else torch.tensor([rows[i].has_behaviour_logprob for i in idx], dtype=torch.bool, device=ctx.device))
+        else torch.tensor([rows[i].has_behaviour_logprob for i in idx], dtype=torch.bool, device=ctx.device),
+        train_step=ctx.step)
     return inputs, int(batch["attention_mask"].sum())
 
 
@@ -371,7 +388,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
     # trained tokens: an episode's glue between agent turns is context, not counted
     n_own_tokens = sum(rows[i].trained_token_count for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
     n_tokens = sum(rows[i].trained_token_count for i in mb.rows if ctx.in_loss(rows[i]))
-    loss_sum = pg_sum = kl_sum = 0.0
+    loss_sum = pg_sum = kl_sum = distill_nll = 0.0
     for idx, packs in _micro_plan(ctx, rows, mb.rows):
         inputs, tokens = _micro_inputs(ctx, rows, idx, packs, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)
         out = compute_loss(inputs, ctx.algo)
@@ -381,6 +398,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
         loss_sum += float(out.loss.detach())
         pg_sum += out.metrics["hacpo/pg_loss"]
         kl_sum += float(out.kl)
+        distill_nll += out.metrics.get("hacpo/distill_nll", 0.0) * out.metrics.get("hacpo/distill_rows", 0.0)
         stats.add_rows([rows[i].source_agent for i in idx], [adv[i] for i in idx], out)
         del inputs, out
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -394,6 +412,9 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
                        ("skipped", float(skipped)), ("zero_grad", float(zero)),
                        ("lr", float(optimizer.param_groups[0]["lr"]))):
         stats.updates[key].append(value)
+    if ctx.algo.peer_distill_coef > 0:
+        stats.updates["distill_coef"].append(ctx.algo_distill_coef())
+        stats.updates["distill_nll_sum"].append(distill_nll)
     if ctx.algo.cross_clip and ctx.algo.cross_objective == "hacpo" and not all(rows[i].is_own for i in mb.rows):
         stats.updates["cross_lower_bound"].append(ctx.algo.cross_lower_bound(mb.m))
 
@@ -446,7 +467,9 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         clip_high, adv_abs_mean, loss, grad_frac, pos_adv_rows, pos_adv_grad_rows}`` (means over updates /
         rows; ``s`` is the ratio before clipping; ``grad_frac`` the share of the source's rows that reached
         the gradient: A ≠ 0 and not clamped; ``pos_adv_*`` count rows with A > 0 and those of them with a
-        gradient).
+        gradient). With peer distillation on (``algo.peer_distill_coef`` > 0): ``distill_coef`` (mean λ_t),
+        ``distill_rows`` (rows distilled, over all updates), ``distill_nll`` (their mean NLL, nats per token)
+        and ``src/<agent>/distill_rows``.
 
     Raises:
         ValueError: inconsistent rows (see the checks in the source), a missing ratio, a missing
@@ -471,7 +494,7 @@ def hacpo_update(model: nn.Module, optimizer: torch.optim.Optimizer, rows: Seque
         raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, got {autocast_dtype}")
     ctx = _Context(model, ref_model, algo, optim, temperature if temperature > 0 else 1.0,
                    _pad_id(model, pad_id), next(model.parameters()).device, max_response_tokens, autocast_dtype,
-                   row_gate, _use_packing(model, optim))
+                   row_gate, _use_packing(model, optim), step)
     stats.masked_rows = sum(not ctx.in_loss(r) for r in rows)
     old_tok = _old_token_logprobs(ctx, rows) if algo.ratio_level == "token" else None
     plan = plan_minibatches([r.is_own for r in rows], optim.mini_batch_rows, epochs=optim.epochs,
