@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hacrl_fed.algo.peer_distill import peer_distillation
+from hacrl_fed.algo.peer_distill import distill_coef, distill_rows, distill_weights, peer_distill_loss
 from hacrl_fed.algo.registry import (CROSS_OBJECTIVES, LOSS_AGGREGATIONS, MISSING_LOGPROB_OBJECTIVES,
                                     SELF_OBJECTIVES)
 
@@ -439,6 +439,19 @@ def compute_loss(inputs: LossInputs, cfg: AlgoConfig) -> LossOutput:
         loss = loss + pd_loss
     metrics = _metrics(inputs, cfg, rows, pg_loss, kl, loss) | pd_metrics
     return LossOutput(loss, metrics, row_loss.detach(), rows, kl.detach(), distilled)
+
+
+def peer_distillation(inputs: LossInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """``(D, λ_t · L_PD, metrics)`` of one micro-batch: D bool [B], the scalar term with grad, and
+    ``hacpo/distill_{coef, rows, nll}`` (λ_t, |D| here, mean NLL_i over D in nats per token)."""
+    lam = distill_coef(cfg.peer_distill_coef, cfg.peer_distill_schedule, inputs.train_step, cfg.peer_distill_steps)
+    rows = distill_rows(inputs.advantages, inputs.is_own, inputs.loss_mask)
+    term, nll = peer_distill_loss(inputs.token_logprobs, inputs.response_mask,
+                                  distill_weights(inputs.advantages, rows, cfg.peer_distill_weighting),
+                                  inputs.num_sequences)
+    metrics = {"hacpo/distill_coef": lam, "hacpo/distill_rows": float(rows.sum()),
+               "hacpo/distill_nll": float(nll[rows].mean()) if bool(rows.any()) else 0.0}
+    return rows, lam * term, metrics
 
 
 def hacpo_loss(inputs: LossInputs, cfg: AlgoConfig) -> tuple[Tensor, dict[str, float]]:

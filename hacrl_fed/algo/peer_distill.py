@@ -23,21 +23,16 @@ micro-batches add up to the mini-batch's term. The learner's own rows never ente
 would only sharpen what it already writes. A row the screens leave out (g_i = 0) or below its baseline never enters
 D, so a peer reaches this term only with rows that also reach the HACPO cross objective with a positive advantage.
 
-Pure tensor functions; shapes as :class:`hacrl_fed.algo.losses.LossInputs` (B rows, T positions).
+Pure tensor functions; shapes as :class:`hacrl_fed.algo.losses.LossInputs` (B rows, T positions); the loss adds the
+term in :func:`hacrl_fed.algo.losses.compute_loss`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from hacrl_fed.algo.config import AlgoConfig
-    from hacrl_fed.algo.losses import LossInputs
-
-__all__ = ["distill_coef", "distill_rows", "distill_weights", "peer_distill_loss", "peer_distillation"]
+__all__ = ["distill_coef", "distill_rows", "distill_weights", "peer_distill_loss"]
 
 
 def distill_coef(coef: float, schedule: str, step: int | None, steps: int | None) -> float:
@@ -88,16 +83,3 @@ def peer_distill_loss(token_logprobs: Tensor, response_mask: Tensor, weights: Te
     n = token_logprobs.shape[0] if num_sequences is None else int(num_sequences)
     term = (weights.to(token_logprobs.dtype) * nll).sum() / max(1, n)
     return term, nll.detach()
-
-
-def peer_distillation(inputs: LossInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """``(D, λ_t · L_PD, metrics)`` of one micro-batch: D bool [B], the scalar term with grad, and
-    ``hacpo/distill_{coef, rows, nll}`` (λ_t, |D| here, mean NLL_i over D in nats per token)."""
-    lam = distill_coef(cfg.peer_distill_coef, cfg.peer_distill_schedule, inputs.train_step, cfg.peer_distill_steps)
-    rows = distill_rows(inputs.advantages, inputs.is_own, inputs.loss_mask)
-    term, nll = peer_distill_loss(inputs.token_logprobs, inputs.response_mask,
-                                  distill_weights(inputs.advantages, rows, cfg.peer_distill_weighting),
-                                  inputs.num_sequences)
-    metrics = {"hacpo/distill_coef": lam, "hacpo/distill_rows": float(rows.sum()),
-               "hacpo/distill_nll": float(nll[rows].mean()) if bool(rows.any()) else 0.0}
-    return rows, lam * term, metrics
