@@ -11,6 +11,9 @@ Two embedders (``route eval --embedder``):
   similarity where the wording differs; costs one forward pass per query.
 
 Both return float32 arrays of shape (N, D) with unit rows (an all-zero row stays zero: similarity 0 to all).
+:meth:`Embedder.matrix` gives the same rows without densifying the TF-IDF ones (a SciPy CSR matrix): D is the
+number of distinct character n-grams, so the dense (N, D) array of a large calibration set can be gigabytes
+(``route serve`` keeps its calibration embeddings sparse; :func:`cosine` takes either).
 """
 
 from __future__ import annotations
@@ -27,8 +30,14 @@ MAX_QUERY_CHARS = 8192
 """Characters of a query the embedder reads (the head; longer text adds nothing a router needs)."""
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of unit rows: (N, D) × (C, D) → (N, C)."""
+def cosine(a: Any, b: Any) -> np.ndarray:
+    """Cosine similarity of unit rows: (N, D) × (C, D) → (N, C) float32; either side may be a SciPy sparse
+    matrix (:meth:`Embedder.matrix`)."""
+    from scipy import sparse
+
+    if sparse.issparse(a) or sparse.issparse(b):
+        out = a @ b.T
+        return np.asarray(out.toarray() if sparse.issparse(out) else out, dtype=np.float32)
     return np.asarray(a, dtype=np.float32) @ np.asarray(b, dtype=np.float32).T
 
 
@@ -67,6 +76,15 @@ class Embedder:
         if self.kind == "tfidf":
             return _unit(self._state.transform(texts).toarray())
         return _unit(_model_embed(self._state, texts, self.batch_size))
+
+    def matrix(self, texts: Sequence[str]) -> Any:
+        """:meth:`embed`'s rows, as a float32 CSR matrix (N, D) for ``tfidf`` (never densified; its rows are
+        already L2-normalised), as the dense array otherwise."""
+        if self._state is None:
+            raise RuntimeError("Embedder.matrix before fit")
+        if self.kind == "tfidf":
+            return self._state.transform([t[:MAX_QUERY_CHARS] for t in texts]).astype(np.float32).tocsr()
+        return self.embed(texts)
 
 
 def load_embedder(kind: str) -> Embedder:

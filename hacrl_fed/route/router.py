@@ -5,6 +5,15 @@
 no pickled object: loading re-fits the embedder on the stored texts, which gives the same vectors. The file is
 validated when read (shape, types, bounds) and written atomically.
 
+Bounds on a file ``route serve --router`` loads (what a router needs, so loading it costs seconds of CPU, not
+minutes, and no memory beyond the file's size class): at most :data:`MAX_ROUTER_BYTES` bytes, JSON nested no
+deeper than its own shape, :data:`MAX_MODELS` models, :data:`MAX_CALIBRATION` calibration texts holding at most
+:data:`MAX_CALIBRATION_CHARS` characters in all (each counted up to the embedder's
+:data:`~hacrl_fed.route.embed.MAX_QUERY_CHARS`, the head it reads), names and tasks of at most
+:data:`MAX_NAME_CHARS`; the TF-IDF calibration embeddings stay sparse (their dense array is calibration texts ×
+distinct n-grams). Anything else is a one-line ``ValueError`` naming the file and the bound (``route serve``
+exits 2 with it).
+
 :meth:`Router.rank` orders the models for one query: best kNN-predicted accuracy first, ties to the cheaper
 (:func:`hacrl_fed.route.policies.rank_models`); ``target`` turns it into ``cost_aware@τ`` (the cheapest model
 predicted to reach τ first, then the rest by predicted accuracy).
@@ -22,11 +31,16 @@ import numpy as np
 from hacrl_fed.atomic import atomic_write_text, read_bounded
 from hacrl_fed.route import policies as P
 
-__all__ = ["ROUTER_FORMAT", "Router", "request_text"]
+__all__ = ["ROUTER_FORMAT", "Router", "check_calibration_size", "request_text"]
 
 ROUTER_FORMAT = "hacrl-fed-router/1"
-MAX_ROUTER_BYTES = 256 * 2**20
-MAX_CALIBRATION = 200_000
+MAX_ROUTER_BYTES = 32 * 2**20
+MAX_CALIBRATION = 20_000
+MAX_CALIBRATION_CHARS = 2_000_000
+"""Calibration characters in all (TF-IDF fitting is linear in them: ≈ 3 CPU s per million characters of problem
+text, ≈ 15 s of random text, whose every n-gram is new)."""
+MAX_MODELS = 256
+MAX_NAME_CHARS = 1000
 
 
 @dataclass
@@ -43,6 +57,7 @@ class Router:
     _fitted: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        _check_shape(self)
         m, c = len(self.models), len(self.texts)
         if m < 1 or len(set(self.models)) != m:
             raise ValueError("a router needs at least one model and unique model names")
@@ -54,7 +69,7 @@ class Router:
         cost = np.asarray(self.cost, dtype=float)
         if cost.shape != (m,) or not np.isfinite(cost).all() or (cost < 0).any():
             raise ValueError(f"cost must be {m} non-negative numbers")
-        if not isinstance(self.k, int) or self.k < 1:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise ValueError(f"k must be a positive integer, got {self.k!r}")
         if not all(isinstance(t, str) for t in (*self.texts, *self.tasks, *self.models)):
             raise ValueError("models, texts and tasks must be strings")
@@ -64,7 +79,7 @@ class Router:
             from hacrl_fed.route.embed import load_embedder
 
             emb = load_embedder(self.embedder).fit(self.texts)
-            self._fitted = (emb, emb.embed(self.texts))
+            self._fitted = (emb, emb.matrix(self.texts))
         return self._fitted
 
     def predict(self, text: str) -> np.ndarray:
@@ -72,7 +87,7 @@ class Router:
         from hacrl_fed.route.embed import cosine
 
         emb, cal = self._state()
-        return P.knn_predict(cosine(emb.embed([text]), cal), np.asarray(self.correct, dtype=float), self.k)[0]
+        return P.knn_predict(cosine(emb.matrix([text]), cal), np.asarray(self.correct, dtype=float), self.k)[0]
 
     def rank(self, text: str, target: float | None = None) -> list[str]:
         """Model names for ``text``, first choice first (module docstring)."""
@@ -111,12 +126,54 @@ class Router:
             rec = json.loads(read_bounded(path, MAX_ROUTER_BYTES))
         except (OSError, ValueError) as err:
             raise ValueError(f"{path}: not a readable router file: {' '.join(str(err).split())}") from None
+        except RecursionError:
+            raise ValueError(f"{path}: not a router file (JSON nested too deeply)") from None
         if not isinstance(rec, dict) or rec.get("format") != ROUTER_FORMAT:
             raise ValueError(f"{path}: not a {ROUTER_FORMAT} file (written by `hacrl-fed route eval`)")
         try:
             return cls(**{k: rec[k] for k in ("models", "texts", "tasks", "correct", "cost", "k", "embedder")})
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: {' '.join(str(err).split())}") from None
+
+
+def _check_shape(r: Router) -> None:
+    """The fields' types and sizes, in Python and linear in the file, before anything is converted or fitted;
+    ``ValueError`` naming the first that is off."""
+    def strings(name: str, values: Any, most: int, chars: int) -> None:
+        if not isinstance(values, list) or len(values) > most:
+            raise ValueError(f"{name} must be a list of at most {most} strings")
+        if not all(isinstance(v, str) and len(v) <= chars for v in values):
+            raise ValueError(f"{name} must hold strings of at most {chars} characters")
+
+    def numbers(name: str, values: Any, n: int) -> None:
+        if not isinstance(values, list) or len(values) != n or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{name} must be a list of {n} numbers")
+
+    strings("models", r.models, MAX_MODELS, MAX_NAME_CHARS)
+    strings("texts", r.texts, MAX_CALIBRATION, 10**9)
+    strings("tasks", r.tasks, MAX_CALIBRATION, MAX_NAME_CHARS)
+    check_calibration_size(r.texts)
+    if not isinstance(r.correct, list) or len(r.correct) != len(r.models):
+        raise ValueError(f"correct must be {len(r.models)} lists, one per model")
+    for row in r.correct:
+        numbers("each row of correct", row, len(r.texts))
+    numbers("cost", r.cost, len(r.models))
+    if not isinstance(r.embedder, str) or not 0 < len(r.embedder) <= 4096:
+        raise ValueError("embedder must be tfidf or a model directory")
+
+
+def check_calibration_size(texts: list[str]) -> None:
+    """``ValueError`` when ``texts`` are more calibration queries (:data:`MAX_CALIBRATION`) or characters
+    (:data:`MAX_CALIBRATION_CHARS`, each text counted up to the embedder's head) than a router file may hold."""
+    from hacrl_fed.route.embed import MAX_QUERY_CHARS
+
+    if len(texts) > MAX_CALIBRATION:
+        raise ValueError(f"{len(texts)} calibration texts, more than a router holds ({MAX_CALIBRATION})")
+    total = sum(min(len(t), MAX_QUERY_CHARS) for t in texts)
+    if total > MAX_CALIBRATION_CHARS:
+        raise ValueError(f"the calibration texts hold {total} characters, more than a router needs "
+                         f"({MAX_CALIBRATION_CHARS}; fitting costs CPU in proportion)")
 
 
 def request_text(request: dict[str, Any]) -> str:

@@ -181,7 +181,7 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
     from hacrl_fed.route.embed import cosine, load_embedder
     from hacrl_fed.route.evaluate import RouteData, compare
     from hacrl_fed.route.report import write_report
-    from hacrl_fed.route.router import Router
+    from hacrl_fed.route.router import Router, check_calibration_size
 
     if calibration is None:
         cal, routed = split_calibration(problems, calibration_frac, seed)
@@ -191,6 +191,10 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
         routed = [p for p in problems if p.id not in seen and p.problem not in seen]
     if len(cal) < 2 or len(routed) < 2:
         raise DataError(f"routing needs at least 2 calibration and 2 routed queries, got {len(cal)} and {len(routed)}")
+    try:
+        check_calibration_size([p.problem for p in cal])      # before measuring: router.json must hold them
+    except ValueError as err:
+        raise DataError(f"{err}: lower --calibration-frac or give a smaller --calibration") from None
     emb = load_embedder(embedder)
     out = Path(out)
     settings = {"max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "batch_size": batch_size,
