@@ -162,13 +162,21 @@ class CheckpointManager:
             save_model(model, str(d / "model.safetensors"))
         if optimizer is not None:
             torch.save(optimizer.state_dict(), d / "optimizer.pt")
+        self._write_meta(d, state, lora=_is_lora(model))
+
+    @staticmethod
+    def _write_meta(d: Path, state: TrainingState, *, lora: bool, sharded: int = 0) -> None:
+        """``rng.pt`` and ``state.json`` (sizes and SHA-256 of every file in ``d``); ``sharded``: the number of
+        processes that wrote the weights and AdamW state as DCP files (:mod:`hacrl_fed.checkpoints.sharded`)."""
         torch.save(get_rng_state(), d / "rng.pt")
         meta = {
             "format": FORMAT_VERSION, "step": state.step, "run_id": state.run_id,
             "capability_b64": base64.b64encode(state.capability).decode("ascii"),
-            "fingerprint": state.fingerprint, "lora": _is_lora(model), "extra": state.extra,
+            "fingerprint": state.fingerprint, "lora": lora, "extra": state.extra,
             "files": {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(d.iterdir())},
         }
+        if sharded:
+            meta["sharded"] = sharded
         meta["digest"] = _meta_digest(meta)
         (d / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
 
@@ -228,7 +236,7 @@ class CheckpointManager:
         tried = []
         for path in self.candidates():
             try:
-                state = self.load(path, model, optimizer, fingerprint=fingerprint)
+                state = self.load(path, model, optimizer, fingerprint=fingerprint, tensors=self.load_tensors)
                 if restore is not None:
                     try:
                         restore(state)
@@ -249,17 +257,38 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
     @staticmethod
-    def load(path: str | Path, model, optimizer=None, *, restore_rng: bool = True, fingerprint=None) -> TrainingState:
+    def load_tensors(d: Path, meta: dict, model, optimizer) -> None:
+        """Weights (or the LoRA adapter) and AdamW state of verified checkpoint ``d`` into the live objects (a
+        ``sharded`` checkpoint is read with DCP into this single process)."""
+        from safetensors.torch import load_file, load_model
+
+        if meta.get("sharded"):
+            from hacrl_fed.checkpoints.sharded import load_sharded
+
+            load_sharded(d, model, optimizer)
+        elif meta["lora"]:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(model, load_file(str(d / "adapter.safetensors")))
+            if getattr(result, "unexpected_keys", None):
+                raise CheckpointError(f"{d}: adapter has unexpected keys {result.unexpected_keys[:5]}")
+        else:
+            load_model(model, str(d / "model.safetensors"), strict=True)
+            if optimizer is not None:
+                optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+
+    @staticmethod
+    def load(path: str | Path, model, optimizer=None, *, restore_rng: bool = True, fingerprint=None,
+             tensors=None) -> TrainingState:
         """Verify, then load weights (or the LoRA adapter), optimizer and RNG states from ``path`` into the live objects.
 
         ``fingerprint(model) -> str`` (e.g. :func:`hacrl_fed.worker.models.model_fingerprint`) is compared with
-        the recorded fingerprint after loading. Raises :class:`CheckpointError` (one line naming the file) if
+        the recorded fingerprint after loading. ``tensors(d, meta, model, optimizer)`` replaces
+        :meth:`load_tensors` (a sharded site's loader). Raises :class:`CheckpointError` (one line naming the file) if
         ``state.json`` is unreadable or altered, a file is missing, truncated or does not match its recorded
         SHA-256 (nothing is loaded then), the checkpoint is LoRA but the model is not (or vice versa), the
         tensors do not match the model, or the loaded weights do not have the recorded fingerprint.
         """
-        from safetensors.torch import load_file, load_model
-
         d = Path(path)
         meta = _verified_meta(d)
         for name in ("adapter.safetensors" if meta["lora"] else "model.safetensors", "optimizer.pt", "rng.pt"):
@@ -269,16 +298,7 @@ class CheckpointManager:
             raise CheckpointError(f"{d}: checkpoint lora={meta['lora']} but the model lora={_is_lora(model)}; "
                                   "set model.lora_rank as in the run that wrote it")
         try:
-            if meta["lora"]:
-                from peft import set_peft_model_state_dict
-
-                result = set_peft_model_state_dict(model, load_file(str(d / "adapter.safetensors")))
-                if getattr(result, "unexpected_keys", None):
-                    raise CheckpointError(f"{d}: adapter has unexpected keys {result.unexpected_keys[:5]}")
-            else:
-                load_model(model, str(d / "model.safetensors"), strict=True)
-            if optimizer is not None:
-                optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+            (tensors or CheckpointManager.load_tensors)(d, meta, model, optimizer)
             if restore_rng:
                 set_rng_state(torch.load(d / "rng.pt", weights_only=True))
         except CheckpointError:

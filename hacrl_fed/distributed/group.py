@@ -93,8 +93,15 @@ def spawn_ranks(ranks: Sequence[int], world_size: int, addr: str, port: int, tim
     return procs
 
 
-def stop_ranks(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """SIGTERM every rank still running, SIGKILL the ones left after ``grace_s`` seconds; reap them all."""
+def stop_ranks(procs: Sequence[subprocess.Popen], grace_s: float = 10.0, wait_s: float = 0.0) -> None:
+    """Wait up to ``wait_s`` seconds for the ranks to end by themselves (after ``stop``), then SIGTERM every rank still
+    running and SIGKILL the ones left after ``grace_s`` more seconds; reap them all."""
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -16,10 +16,10 @@ PARAM_ATOL = 1e-6
 METRIC_RTOL = 1e-5
 
 
-def _compare(tmp_path, model_dir: str, peer_dir: str) -> None:
+def _compare(tmp_path, model_dir: str, peer_dir: str, timeout_s: float = 240) -> None:
     single, sharded = tmp_path / "single.pt", tmp_path / "two.pt"
-    run_ranks("update_ranks.py", [model_dir, peer_dir, str(single)], 1)
-    run_ranks("update_ranks.py", [model_dir, peer_dir, str(sharded)], 2)
+    run_ranks("update_ranks.py", [model_dir, peer_dir, str(single)], 1, timeout_s=timeout_s)
+    run_ranks("update_ranks.py", [model_dir, peer_dir, str(sharded)], 2, timeout_s=timeout_s, collective_s=600)
     a, b = torch.load(single), torch.load(sharded)
     assert set(a["params"]) == set(b["params"])
     for name, value in a["params"].items():
@@ -50,4 +50,4 @@ def test_two_processes_equal_one_smollm2(tmp_path, tiny_dirs):
     loaded = load_model(ModelConfig(name_or_path="smollm2-135m-instruct"))
     loaded.model.save_pretrained(tmp_path / "smollm2")
     loaded.tokenizer.save_pretrained(tmp_path / "smollm2")
-    _compare(tmp_path, str(tmp_path / "smollm2"), tiny_dirs["tiny-gemma-unigram"])
+    _compare(tmp_path, str(tmp_path / "smollm2"), tiny_dirs["tiny-gemma-unigram"], timeout_s=1800)
