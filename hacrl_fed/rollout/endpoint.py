@@ -15,6 +15,9 @@ stop strings. It works with servers that support none of ``n``, ``logprobs`` and
   are not a log-prob of that text: the sample has none either (it then trains as a row without a behaviour
   log-prob). A server that refuses the parameter (HTTP 400) is not asked again.
 * ``seed``: sent (best effort; derived per request from the plan's seed).
+* redirects: never followed. A 3xx answer fails the step with the origin it pointed to (scheme, host, port: no
+  path or query, which may carry a token): a rollout-only site's rows come only from the server its config
+  names, as ``route serve`` takes answers only from its configured backends. Configure the final URL.
 
 Bounds: at most ``max_concurrency`` requests in flight; each request at most ``timeout_s``; the step's budget
 (``step_budget_s``, or the plan's deadline if sooner) is a hard bound on the whole call (requests still running
@@ -45,7 +48,7 @@ from typing import Any
 from hacrl_fed.rollout.redact import Redactor
 
 __all__ = ["EndpointError", "EndpointRolloutSource", "EndpointSample", "EndpointSettings", "behaviour_logprob",
-           "parse_choices", "spells_content"]
+           "parse_choices", "redirect_refusal", "spells_content"]
 
 log = logging.getLogger("hacrl_fed.worker")
 
@@ -244,7 +247,8 @@ class EndpointRolloutSource:
             logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
         self.redactor = Redactor([key] if settings.api_key_env else [])
         self.client = client or openai.OpenAI(base_url=settings.base_url, api_key=key, max_retries=settings.max_retries,
-                                              timeout=settings.timeout_s)
+                                              timeout=settings.timeout_s,
+                                              http_client=openai.DefaultHttpxClient(follow_redirects=False))
         self._use_n = settings.n == "auto"
         self._use_logprobs = settings.logprobs
         self._flags = threading.Lock()
@@ -369,6 +373,8 @@ class EndpointRolloutSource:
                 raise _Refused("logprobs") from None
             raise EndpointError(f"the endpoint refused the request: HTTP 400 {self._short(err)}") from None
         except openai.APIStatusError as err:
+            if 300 <= err.status_code < 400:
+                raise EndpointError(redirect_refusal(err.response)) from None
             raise EndpointError(f"the endpoint answered HTTP {err.status_code} (after "
                                 f"{self.settings.max_retries} retries for 429/5xx): {self._short(err)}") from None
         except openai.APITimeoutError:
@@ -395,6 +401,21 @@ class EndpointRolloutSource:
         """An exception's text for an :class:`EndpointError`: the known secret redacted, then cut to 200
         printable characters (redacted first, so no part of the key survives the cut)."""
         return _short(self.redactor.text(str(err)))
+
+
+def redirect_refusal(response: Any) -> str:
+    """The cause for a refused 3xx ``response`` (an ``httpx.Response``): its status and the origin its
+    ``Location`` points to, without path or query."""
+    from urllib.parse import urlsplit
+
+    location = str(response.headers.get("location", ""))[:2000]
+    try:
+        target = urlsplit(str(response.request.url.join(location))) if location else None
+        origin = f"{target.scheme}://{target.hostname}{f':{target.port}' if target.port else ''}" if target else "?"
+    except (ValueError, TypeError):
+        origin = "?"
+    return (f"the endpoint answered with a redirect (HTTP {response.status_code} to {_short(origin)}): not followed, "
+            "rows come only from the configured URL (configure the final one)")
 
 
 def _short(text: str) -> str:

@@ -158,12 +158,13 @@ def measure_endpoint(spec: ModelSpec, problems: Sequence[Problem], *, verifier, 
     A request that fails (after the client's retries) counts as a wrong answer with 0 tokens and its elapsed
     seconds, and is logged with the cause; the measurement goes on. Tokens: the reply's ``usage`` when given,
     else 0."""
-    from openai import OpenAI, OpenAIError
+    from openai import DefaultHttpxClient, OpenAI, OpenAIError
 
     from hacrl_fed.rollout.redact import Redactor
 
     redactor = Redactor([api_key] if api_key else [])       # an endpoint may echo its key in an error body
-    client = OpenAI(base_url=spec.target, api_key=api_key or "none", timeout=timeout_s, max_retries=1)
+    client = OpenAI(base_url=spec.target, api_key=api_key or "none", timeout=timeout_s, max_retries=1,
+                    http_client=DefaultHttpxClient(follow_redirects=False))   # answers only from the URL given
     model = spec.api_model or spec.name
     out = Outcomes(spec.name, [], [], [], [], [], spec.params)
     texts: list[str] = []

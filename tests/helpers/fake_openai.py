@@ -12,7 +12,8 @@
 * ``echo401`` / ``echo400`` / ``echo500``: that status with the request's ``Authorization`` header in the error
   body; ``echo_content``: 200 whose content (a ``plain`` choice) carries the header; ``echo_finish``: 200 whose
   ``finish_reason`` is the header (a backend that echoes what it was sent);
-* ``short_logprobs``: the ``vllm`` shape with one log-prob entry (``"ok"``, 0.0) for the whole content.
+* ``short_logprobs``: the ``vllm`` shape with one log-prob entry (``"ok"``, 0.0) for the whole content;
+* ``redirect``: HTTP 307 to :attr:`location` (another server's URL, keeping the method and body).
 
 ``requests`` records every request body (JSON) received, ``headers`` their headers.
 """
@@ -33,6 +34,7 @@ class FakeOpenAI:
     def __init__(self, mode: str, *, fail_first: int = 0) -> None:
         self.mode = mode
         self.fail_first = fail_first
+        self.location = ""
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self._release = threading.Event()
@@ -84,6 +86,12 @@ class FakeOpenAI:
             mode = "plain"
         if mode == "error500":
             return self._send(h, 500, b'{"error": {"message": "internal"}}')
+        if mode == "redirect":
+            h.send_response(307)
+            h.send_header("Location", self.location)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return None
         auth = str(h.headers.get("Authorization", ""))
         if mode in ("echo401", "echo400", "echo500"):
             return self._send(h, int(mode[4:]), json.dumps({"error": {"message": f"bad header: {auth}"}}).encode())
