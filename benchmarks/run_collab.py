@@ -78,7 +78,8 @@ from collab.recipes import (  # noqa: E402,F401
     ALGO, COLLABORATIVE, CONTRIB, CONTRIB_COUNTS, EVAL_SETS, LABELS, PAIRS, PAIRWISE_BASES, RECIPES, SET_TITLES,
     TWINS, base_recipe, eval_sets_of, label)
 from collab.render import render_markdown  # noqa: E402,F401
-from collab.results import check_contributor, contributor_source, merge_meta, summarize  # noqa: E402,F401
+from collab.results import (  # noqa: E402,F401
+    check_contributor, contributor_source, merge_meta, strong_accuracy, summarize)
 from collab.scoring import (  # noqa: E402,F401
     OUTCOMES, accuracy, gain_kinds, has_rewards, is_correct, mean_reward, outcome_mix, reward_of)
 from collab.stats import paired, paired_interval, paired_mde  # noqa: E402,F401
@@ -105,8 +106,9 @@ def _cli() -> argparse.ArgumentParser:
     parser.add_argument("--summary-only", action="store_true")
     parser.add_argument("--contributor", metavar="DIR_OR_URL",
                         help="add a rollout-only site to every cell: a local model directory (served here by "
-                             "`transformers serve`; prompt from its hacrl_fed_prompt.json) or an OpenAI-compatible "
-                             "/v1 URL; its cells are <recipe>+contrib")
+                             "`transformers serve`; prompt from its hacrl_fed_prompt.json), an OpenAI-compatible "
+                             "/v1 URL, or strong:P (benchmarks/strong_contributor.py: worked solutions right at "
+                             "accuracy P, served here); its cells are <recipe>+contrib")
     parser.add_argument("--contributor-name", default="contributor", help="its agent name (default: contributor)")
     parser.add_argument("--contributor-api-model", metavar="NAME", help="the endpoint's model name (with a URL)")
     parser.add_argument("--contributor-api-key-env", metavar="VAR",
@@ -150,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--contributor-name {args.contributor_name!r} is a learner of the config; choose another")
         source = contributor_source(args.contributor)
         url = args.contributor.startswith(("http://", "https://"))
+        try:
+            strong = strong_accuracy(args.contributor) is not None
+        except ValueError as err:
+            parser.error(str(err))
+        if strong and not suite:
+            parser.error("--contributor strong:P answers reasoning_gym task suites only (--pair tasks, ...)")
         if url and not args.contributor_api_model:
             parser.error("--contributor URL needs --contributor-api-model NAME (the endpoint's model name)")
-        if not url and not Path(source).is_dir():
+        if not url and not strong and not Path(source).is_dir():
             parser.error(f"--contributor {args.contributor}: neither an http(s) URL nor a model directory")
         try:
             check_contributor(out / "meta.json", args.contributor_name, source)
@@ -180,10 +188,20 @@ def _add_contributor(stack: contextlib.ExitStack, cfg, args, out: Path) -> dict:
     """Open the contributor of ``--contributor`` for the rest of the run (a local directory: its server is
     stopped when ``stack`` closes, SIGTERM included), append its rollout-only agent to ``cfg.agents``, and return
     its record (:meth:`contributor.Contributor.record`)."""
-    from contributor import contributor_agent, open_contributor, sigterm_as_interrupt
+    from contributor import Contributor, contributor_agent, open_contributor, sigterm_as_interrupt
 
     stack.enter_context(sigterm_as_interrupt())
     print(f"[contributor] {args.contributor}: starting", flush=True)
+    if (p := strong_accuracy(args.contributor)) is not None:
+        from strong_contributor import serve_strong_contributor
+
+        url = stack.enter_context(serve_strong_contributor(cfg.run.data, accuracy=p))
+        c = Contributor(name=args.contributor_name, source=args.contributor, url=url, api_model="strong-contributor",
+                        system_prompt=cfg.agents[0].model.system_prompt or "", stop=(), prompt_from="config",
+                        served=False)
+        cfg.agents.append(contributor_agent(c, verifier=cfg.agents[0].verifier))
+        print(f"[contributor] {c.name}: the strong contributor at {url} (p = {p})", flush=True)
+        return c.record()
     c = stack.enter_context(open_contributor(
         args.contributor, name=args.contributor_name, api_model=args.contributor_api_model,
         default_system_prompt=cfg.agents[0].model.system_prompt, top_k=cfg.run.sampling.top_k, log_dir=out,

@@ -20,7 +20,8 @@ def _step_summary(agent: str, step, contributors=()) -> dict:
     ``contributors`` is recorded apart, :func:`contributor_rows`)."""
     rep = step.reports.get(agent, {"metrics": {}, "per_source": {}})
     peers = {src: {k: m.get(k) for k in ("rows", "grad_frac", "s_mean", "s_min", "s_max", "clip_low", "clip_high",
-                                          "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated")}
+                                          "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated",
+                                          "distill_rows")}
              for src, m in rep["per_source"].items() if src != agent and src not in contributors}
     own = rep["per_source"].get(agent, {})
     gen = step.generate_metrics.get(agent, {})
@@ -49,7 +50,9 @@ def contributor_rows(step, learner: str, contributor: str) -> dict:
       0); with ``optim.epochs`` > 1 the mean over the epochs (exact row count at 1 epoch, the default). It
       counts terms, not applied steps (an update skipped as non-finite or all-zero still counts);
     * ``pos_adv_rows`` / ``pos_adv_grad_rows``: loss terms with A > 0, and those of them with a gradient, summed
-      over the epochs.
+      over the epochs;
+    * ``distill_rows``: rows of the peer distillation term (``algo.peer_distill_coef`` > 0; 0 otherwise), summed
+      over the epochs: they carry the supervised gradient whether or not their HACPO term does.
     """
     rep = step.reports.get(learner, {"metrics": {}, "per_source": {}, "rejected": []})
     m = rep["per_source"].get(contributor, {})
@@ -61,7 +64,7 @@ def contributor_rows(step, learner: str, contributor: str) -> dict:
             "screened_out": m.get("screened_out", 0.0), "dropped_truncated": m.get("dropped_truncated", 0.0),
             "rows": rows, "no_logprob_rows": m.get("no_logprob_rows", 0.0),
             "grad_rows": rows * m.get("grad_frac", 0.0), "pos_adv_rows": m.get("pos_adv_rows", 0.0),
-            "pos_adv_grad_rows": m.get("pos_adv_grad_rows", 0.0)}
+            "pos_adv_grad_rows": m.get("pos_adv_grad_rows", 0.0), "distill_rows": m.get("distill_rows", 0.0)}
 
 
 def contributor_step(step, contributor: str) -> dict:

@@ -4,11 +4,17 @@ the evaluation sets, and which recipes are compared with which (``benchmarks/run
 from __future__ import annotations
 
 
-RECIPES = ("gspo", "hacpo_cross_family", "hacpo", "naive", "gspo_x2", "hacpo_cross_family_task")
+RECIPES = ("gspo", "hacpo_cross_family", "hacpo", "naive", "gspo_x2", "hacpo_cross_family_task",
+           "hacpo_cross_family_distill")
 LABELS = {"gspo": "GSPO (isolated)", "gspo_x2": "GSPO×2 (isolated, 2G)", "naive": "naive sharing",
           "hacpo": "HACPO (paper)", "hacpo_cross_family": "HACPO cross-family",
-          "hacpo_cross_family_task": "HACPO cross-family, capability per task"}
-ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"}}
+          "hacpo_cross_family_task": "HACPO cross-family, capability per task",
+          "hacpo_cross_family_distill": "HACPO cross-family + peer distillation"}
+DISTILL_COEF = 0.5
+"""λ₀ of the peer distillation recipe (constant schedule, indicator weights; ``hacrl_fed.algo.peer_distill``): a
+setting of this benchmark, not a tuned value."""
+ALGO = {"hacpo_cross_family_task": {"name": "hacpo_cross_family", "capability_scope": "task"},
+        "hacpo_cross_family_distill": {"name": "hacpo_cross_family", "peer_distill_coef": DISTILL_COEF}}
 """Recipes that are a preset with options; every other recipe is the preset of its name."""
 PAIRS = {"cross-family": "examples/default.toml", "same-family": "examples/same_family.toml",
          "tiny": "examples/tiny.toml", "tasks": "examples/tasks.toml", "tiny-tasks": "examples/tiny_tasks.toml",
@@ -21,16 +27,16 @@ EVAL_SETS = ("held_out", "words")
 SET_TITLES = {"held_out": ("Held-out split (training wording)", "held-out", "held-out (training wording)"),
               "words": ("Other wording", "other wording", "other wording"),
               "families": ("Held-out task families (never trained)", "families", "held-out task families")}
-COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_task")
+COLLABORATIVE = ("hacpo_cross_family", "hacpo", "naive", "hacpo_cross_family_task", "hacpo_cross_family_distill")
 PAIRWISE_BASES = ("hacpo", "gspo_x2")
 """Besides Δ vs GSPO, each collaborative recipe is compared with the paper's HACPO (does an extension add
 anything?) and with GSPO×2 (is it the peer's rollouts or just their number?)."""
-TWINS = {"hacpo_cross_family_task": "hacpo_cross_family"}
+TWINS = {"hacpo_cross_family_task": "hacpo_cross_family", "hacpo_cross_family_distill": "hacpo_cross_family"}
 """A named option's recipe → the same recipe without it (its difference isolates the option)."""
 CONTRIB = "+contrib"
 """Suffix of a recipe whose cells had the rollout-only contributor (``--contributor``): ``hacpo+contrib``."""
 CONTRIB_COUNTS = ("delivered", "rows", "no_logprob_rows", "grad_rows", "pos_adv_rows", "pos_adv_grad_rows",
-                  "dropped_truncated", "screened_out")
+                  "dropped_truncated", "screened_out", "distill_rows")
 """The row counts of :func:`contributor_rows`, summed over steps and seeds in the summary."""
 
 

@@ -12,9 +12,28 @@ from collab.render import render_markdown
 from collab.summary import summary_of
 
 
+STRONG = "strong:"
+"""``--contributor strong:P``: the strong contributor of ``benchmarks/strong_contributor.py`` at accuracy P."""
+
+
+def strong_accuracy(value: str) -> float | None:
+    """P of ``strong:P`` (a float in [0, 1]); None for any other contributor. Raises ``ValueError`` for a bad P."""
+    if not value.startswith(STRONG):
+        return None
+    try:
+        p = float(value.removeprefix(STRONG))
+    except ValueError:
+        p = -1.0
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"--contributor {value}: P of strong:P must be a number in [0, 1]")
+    return p
+
+
 def contributor_source(value: str) -> str:
     """A contributor's identity as cells and ``meta.json`` record it: the URL, or the directory resolved."""
-    return value if value.startswith(("http://", "https://")) else str(Path(value).expanduser().resolve())
+    if value.startswith(("http://", "https://")) or value.startswith(STRONG):
+        return value
+    return str(Path(value).expanduser().resolve())
 
 
 def check_contributor(path: Path, name: str, source: str) -> None:
