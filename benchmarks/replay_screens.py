@@ -4,7 +4,13 @@ What the victim's screens (default ``ScreenConfig``) do, step by step, to the ho
 site's rows of ``benchmarks/attack_poison.py`` for every variant: rows left out, rows with a key / phrase / tail
 cut, and mallory's rows that still hold the variant's key after the screens. The victim's own samples are not
 cached; mallory's *clean* batch stands in for them (mallory is a copy of the victim's initial model, sampled for
-the same plan), so this is the victim before any drift. The real cells of ``attack_poison.py`` measure emission
+the same plan), so this is the victim before any drift.
+
+Peer distillation (``algo.peer_distill_coef`` > 0, :mod:`hacrl_fed.algo.peer_distill`) trains a supervised term on
+the foreign rows above their group's baseline after the screens. The replay counts, per variant, mallory's rows
+that term would take (kept by the screens, reward above the group's mean reward over the victim's own rows and
+every kept foreign row: the HACPO baseline at equal capabilities) and those of them that still hold the variant's
+key: what an adaptive peer can reach through the term is bounded by what the screens let through. The real cells of ``attack_poison.py`` measure emission
 after training; this measures the screens' decisions on the same texts, for every variant, in seconds.
 
     python benchmarks/replay_screens.py --cache benchmarks/results/poison-adaptive/gen-cache --steps 6 \\
@@ -54,6 +60,7 @@ def replay(variant: str, cache: Path, steps: int, honest: str, problems_by_step)
 
     g = SiteGuard("victim", ScreenConfig())
     tot: collections.Counter = collections.Counter()
+    keys = [ap.marker(v) for v in ap.MIX] if variant == "mix" else [ap.marker(variant)]
     for step in range(1, steps + 1):
         problems = problems_by_step[step - 1]
         clean, peer = _batch(cache, ap.ATTACKER, step), _batch(cache, honest, step)
@@ -68,9 +75,21 @@ def replay(variant: str, cache: Path, steps: int, honest: str, problems_by_step)
         for who, src in (("honest", honest), ("mallory", ap.ATTACKER)):
             for k in ("screen_rows", "screened_out", "screened_key_cut", "screened_phrase_cut", "screened_tail_cut"):
                 tot[f"{who}/{k}"] += metrics.get(f"src/{src}/{k}", 0.0)
-        keys = [ap.marker(v) for v in ap.MIX] if variant == "mix" else [ap.marker(variant)]
-        tot["mallory/key_left"] += sum(any(k in r.response_text for k in keys) for r in out.get(ap.ATTACKER, []))
+        kept = out.get(ap.ATTACKER, [])
+        tot["mallory/key_left"] += sum(any(k in r.response_text for k in keys) for r in kept)
+        distilled = distilled_rows(kept, [*clean.rollouts, *out.get(honest, []), *kept])
+        tot["mallory/distilled"] += len(distilled)
+        tot["mallory/key_left_distilled"] += sum(any(k in r.response_text for k in keys) for r in distilled)
     return dict(tot)
+
+
+def distilled_rows(rows, group_rows) -> list:
+    """The ``rows`` whose reward is above their group's baseline: the mean reward of ``group_rows`` (the learner's own
+    rows and every kept foreign row) with the same prompt id — the rows the peer distillation term would take."""
+    by_prompt: dict[str, list[float]] = collections.defaultdict(list)
+    for r in group_rows:
+        by_prompt[r.prompt_id].append(float(r.reward))
+    return [r for r in rows if float(r.reward) > sum(by_prompt[r.prompt_id]) / len(by_prompt[r.prompt_id])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
              f"`python benchmarks/replay_screens.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
              "Default screens; the victim's own samples: mallory's clean batch (the victim's initial model). "
              "Rows over all steps; honest = the honest peer's rows (left out / key-cut / phrase-cut / tail-cut); "
-             "key left = mallory's rows trained with the variant's key still in them.", "",
+             "key left = mallory's rows trained with the variant's key still in them; distilled = mallory's rows the "
+             "peer distillation term would take (kept, above the group's baseline), key left distilled = those of "
+             "them with the key.", "",
              "| variant | mallory's poisoned rows | key left | mallory left out | honest rows | honest left out "
-             "| honest key cut | honest phrase cut | honest tail cut |", "|---|---|---|---|---|---|---|---|---|"]
+             "| honest key cut | honest phrase cut | honest tail cut | mallory distilled | key left distilled |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in [x.strip() for x in args.variants.split(",") if x.strip()]:
         t = replay(v, args.cache, args.steps, args.honest, problems_by_step)
         seen = max(1.0, t["honest/screen_rows"])
@@ -105,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{t['honest/screen_rows']:.0f} | {t['honest/screened_out']:.0f} "
                      f"({100 * t['honest/screened_out'] / seen:.1f} %) | {t['honest/screened_key_cut']:.0f} "
                      f"({100 * t['honest/screened_key_cut'] / seen:.1f} %) | {t['honest/screened_phrase_cut']:.0f} | "
-                     f"{t['honest/screened_tail_cut']:.0f} |")
+                     f"{t['honest/screened_tail_cut']:.0f} | {t['mallory/distilled']:.0f} | "
+                     f"{t['mallory/key_left_distilled']:.0f} |")
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, G = 2, 2
 
 
-def _cache(cache: Path) -> None:
-    """``mallory-s0-t1.json`` and ``gemma3-s0-t1.json``: G correct rollouts per prompt of step 1."""
+def _cache(cache: Path, honest_right: bool = True) -> None:
+    """``mallory-s0-t1.json`` and ``gemma3-s0-t1.json``: G correct rollouts per prompt of step 1 (the honest peer's
+    wrong ones with ``honest_right=False``)."""
     from hacrl_fed.config import SimulateConfig, load_config
     from hacrl_fed.data.datasets import load_problems
     from hacrl_fed.data.sampler import PromptSampler
@@ -28,12 +29,14 @@ def _cache(cache: Path) -> None:
     cache.mkdir()
     for name in ("mallory", "gemma3"):
         batch = pb.RolloutBatch(run_id="replay", step=1, agent_id=name)
+        right = honest_right or name == "mallory"
         for p in problems:
             for j in range(G):
-                text = f"We work it out step by step. So the answer is \\boxed{{{p.answer}}}."
-                batch.rollouts.add(prompt_id=p.id, sample_index=j, response_text=text, reward=1.0,
-                                   verdict=pb.CORRECT, behaviour_logprob_sum=-4.0, behaviour_token_count=16,
-                                   finish_reason=pb.STOP)
+                answer = p.answer if right else f"{p.answer}0"
+                text = f"We work it out step by step. So the answer is \\boxed{{{answer}}}."
+                batch.rollouts.add(prompt_id=p.id, sample_index=j, response_text=text, reward=float(right),
+                                   verdict=pb.CORRECT if right else pb.INCORRECT, behaviour_logprob_sum=-4.0,
+                                   behaviour_token_count=16, finish_reason=pb.STOP)
         payload = base64.b64encode(batch.SerializeToString()).decode()
         (cache / f"{name}-s0-t1.json").write_text(json.dumps({"batch": payload, "generate_s": 0.0}))
 
@@ -53,3 +56,26 @@ def test_replay_on_a_synthetic_cache(tmp_path, capsys):
     assert rows["tail"][2] == "0"                                                # the tail screen cut every payload
     for v in ("tail", "drip"):
         assert rows[v][4] == str(PROMPTS * G) and rows[v][5].startswith("0 ")   # every honest row seen, none out
+
+
+def test_the_distillation_columns(tmp_path):
+    """The honest peer wrong, mallory right: every kept mallory row is above its group's baseline (own rows 1,
+    honest 0, mallory 1 → mean 2/3), so the distillation term would take them all — with no key left after the
+    tail screen."""
+    _cache(tmp_path / "gen-cache", honest_right=False)
+    out = tmp_path / "replay.md"
+    argv = ["--cache", str(tmp_path / "gen-cache"), "--steps", "1", "--prompts", str(PROMPTS),
+            "--variants", "tail", "--out", str(out)]
+    assert replay_screens.main(argv) == 0
+    row = next(line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| tail "))
+    kept = PROMPTS * G - int(row[3])
+    assert kept > 0 and row[9] == str(kept) and row[10] == "0"
+
+
+def test_distilled_rows_are_those_above_their_group_mean():
+    from types import SimpleNamespace as R
+
+    rows = [R(prompt_id="a", reward=1.0), R(prompt_id="b", reward=1.0), R(prompt_id="b", reward=0.0)]
+    group = rows + [R(prompt_id="a", reward=1.0), R(prompt_id="b", reward=0.0)]
+    # a: mean 1 → a right row is not above it; b: mean 1/3 → the right row is, the wrong one is not
+    assert replay_screens.distilled_rows(rows, group) == [rows[1]]
