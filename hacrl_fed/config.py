@@ -358,6 +358,34 @@ class EndpointConfig(Strict):
     """Largest reply body read."""
 
 
+class TrainerConfig(Strict):
+    """How many processes train the site's model (docs/distributed.md): 1 (default) trains in the worker itself; N > 1
+    shards parameters, gradients and AdamW state over N processes with FSDP2 (gloo on a CPU, NCCL on CUDA), the
+    worker being rank 0 (its gRPC service and rollout engine) and every rank running the same HACPO update."""
+
+    world_size: PositiveInt = 1
+    """Processes in all, the worker included."""
+    local_ranks: NonNegInt | None = None
+    """Ranks the worker starts on its own machine (ranks 1..local_ranks); default all of them (world_size − 1). The
+    others join from the site's other machines (``torchrun ... -m hacrl_fed.distributed.rank``)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address every rank reaches (rank 0's machine); keep it on the site's private network."""
+    master_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Rendezvous port; 0 picks a free one (single machine only: other machines need a fixed port)."""
+    timeout_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    """Timeout of every collective (``init_process_group(timeout=...)``): a rank that hangs fails the step after this."""
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> TrainerConfig:
+        if self.local_ranks is not None and self.local_ranks > self.world_size - 1:
+            raise ValueError(f"trainer.local_ranks = {self.local_ranks} but world_size = {self.world_size} leaves "
+                             f"{self.world_size - 1} ranks besides the worker")
+        if self.world_size > 1 and self.local_ranks is not None and self.local_ranks < self.world_size - 1 \
+                and self.master_port == 0:
+            raise ValueError("ranks on other machines need a fixed trainer.master_port (0 picks one on this machine)")
+        return self
+
+
 class AgentConfig(Strict):
     """One site's agent: identity, model, algorithm, optimizer."""
 
@@ -391,6 +419,8 @@ class AgentConfig(Strict):
     endpoint: EndpointConfig | None = None
     """Set: a rollout-only site whose rollouts come from this OpenAI-compatible endpoint (``hacrl-fed client
     --endpoint URL --api-model NAME``); its roster entry must say ``role = "rollout_only"``."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """The trainer over several processes (``trainer.world_size``, docs/distributed.md); full fine-tuning only."""
 
     @property
     def rollout_only(self) -> bool:

@@ -38,7 +38,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "rollout": {"tokenization", "update"},
     "play": {"atomic", "config", "data", "envs", "rollout", "tokenization", "v1"},
     "checkpoints": {"atomic", "data"},
-    "worker": {"algo", "atomic", "checkpoints", "config", "data", "envs", "play", "protocol", "reward", "rollout",
+    "worker": {"algo", "distributed", "atomic", "checkpoints", "config", "data", "envs", "play", "protocol", "reward", "rollout",
                "screens", "status", "tiny_models", "tokenization", "update", "v1"},
     "contributor": {"config", "protocol", "reward", "rollout", "status", "v1", "worker"},
     "route": {"atomic", "config", "data", "play", "reward", "rollout", "worker"},

@@ -266,6 +266,14 @@ class AgentWorker:
                                episode_template=lambda: self.episode_template,
                                max_episode_tokens=cfg.model.max_episode_tokens)
         self.checkpoints = CheckpointManager(root, keep_last=keep_checkpoints)
+        if cfg.trainer.world_size > 1:                  # rank 0 of the site's trainer (docs/distributed.md)
+            from hacrl_fed.worker.sharded import shard_worker
+
+            try:
+                shard_worker(self, keep_checkpoints)
+            except BaseException:
+                self._dir_lock.release()
+                raise
         self.path_roots = [Path(site_dir), root] if site_dir else [root]
         """Where a Checkpoint request's ``path`` may lead (a relative one starts at the first)."""
         self._fingerprint: str | None = None

@@ -152,6 +152,8 @@ class Trainer:
             raise ValueError(f"optim.lr_scheduler_type = {optim.lr_scheduler_type!r} / optim.warmup_ratio needs "
                              "optim.schedule_steps: set it to the coordinator's run.steps")
         self.optimizer = make_optimizer(model, optim)
+        self.update_fn = hacpo_update
+        """The update (:func:`hacpo_update`'s signature); a sharded site's runs it on every rank (docs/distributed.md)."""
         self.pending: StepRollouts | None = None
         self.on_update: Callable[[int, int], None] | None = None
         """Called before update k of M of a step (``on_update(k, M)``; the worker's status display)."""
@@ -423,7 +425,7 @@ class Trainer:
         # TRL trains in train mode (dropout active); activation checkpointing needs it in any case
         self.model.train(self.optim.update_mode == "train" or self.gradient_checkpointing)
         try:
-            return hacpo_update(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
+            return self.update_fn(self.model, self.optimizer, rows, advantages, ratios, self.algo, self.optim,
                                 learner=self.agent, ref_model=self.ref_model, temperature=temperature,
                                 pad_id=self.tokenizer.pad_token_id, source_rotation=step, step=step,
                                 max_response_tokens=self.max_response_tokens, on_update=self.on_update,
