@@ -281,6 +281,27 @@ def _family_outcomes_markdown(summary: dict, agents: list[str], fams: list[str])
     return lines + [""]
 
 
+def _iqm_markdown(summary: dict, agents: list[str]) -> list[str]:
+    """A second view on a task suite: the difference of interquartile means over (seed × trained task)
+    accuracies with the stratified bootstrap's 95 % percentile interval (:func:`collab.stats.iqm_vs`)."""
+    rows = [(r, b, a, got) for r, per in summary.get("iqm", {}).items() for a in agents
+            for b, got in per[a].items() if got]
+    if not rows:
+        return []
+    lines = ["## Second view: interquartile mean over seeds × tasks", "",
+             "The interquartile mean (IQM) of a recipe's accuracy over its (seed, trained task) cells, and the "
+             "difference recipe − baseline with a 95 % percentile interval of the stratified bootstrap (seeds "
+             "resampled within each task, the same draws for both recipes; Agarwal et al. 2021, rliable's method; "
+             "`hacrl_fed/report/stats.py`), points. With few seeds the bootstrap has few distinct resamples: a "
+             "second view beside the t intervals above, not a substitute.", "",
+             "| recipe − baseline | agent | seeds × tasks | IQM recipe | IQM baseline | difference [95 % interval] |",
+             "|---|---|---|---|---|---|"]
+    for r, b, a, got in rows:
+        lines.append(f"| {label(r)} − {label(b)} | {a} | {got['seeds']} × {got['tasks']} | {100 * got['iqm']:.1f} | "
+                     f"{100 * got['iqm_base']:.1f} | {_ci(got['diff'])} |")
+    return lines + [""]
+
+
 def _seeds_note(summary: dict) -> str:
     """" Seeds in the cells: 0 (the command asks for 2)." where the cells hold other seeds than the command's."""
     held = sorted({s for rec in summary["recipes"].values() for s in rec["seeds"]})
@@ -314,6 +335,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
     lines += _pairwise_markdown(summary, agents)
     lines += _contrib_markdown(summary, agents)
     lines += _tasks_markdown(summary, agents)
+    lines += _iqm_markdown(summary, agents)
     lines += _own_gradient_markdown(summary, agents)
     lines += ["## Peer rows that reached the gradient", "",
               "| recipe | " + " | ".join(f"{a}: peer rows / peer successes with a gradient" for a in agents) + " |",

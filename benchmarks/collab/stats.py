@@ -9,7 +9,7 @@ import math
 
 from hacrl_fed.report import stats
 
-from collab.scoring import is_correct
+from collab.scoring import accuracy, is_correct
 
 TARGET = 0.05
 """The effect the power columns ask about: 5 points."""
@@ -54,3 +54,24 @@ def paired_mde(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: s
     return out | {"sd_seed": math.sqrt(c.seed), "sd_problem": math.sqrt(c.problem), "sd_resid": math.sqrt(c.resid),
                   "mde": r.mde, "seeds_for_5_points": stats.seeds_for(c, m, TARGET),
                   "floor": stats.mde_multiplier(math.inf) * math.sqrt(c.problem / m)}
+
+
+def task_table(cells: list[dict], agent: str, eval_set: str, tasks: dict[str, set[str]], seeds: list) -> list[list[float]]:
+    """Accuracy per (seed, task): rows the ``seeds`` (in order), columns the ``tasks`` (name → problem ids)."""
+    by = {c["seed"]: c["after"][agent][eval_set] for c in cells}
+    return [[accuracy(by[s], ids) for ids in tasks.values()] for s in seeds]
+
+
+def iqm_vs(cells_a: list[dict], cells_b: list[dict], agent: str, eval_set: str, tasks: dict[str, set[str]], *,
+           reps: int = 2000) -> dict | None:
+    """The second view of a − b on a task suite: the interquartile mean of the (seed × task) accuracies of each
+    recipe (:func:`hacrl_fed.report.stats.iqm`) and the difference of the two with a 95 % percentile interval
+    of the stratified bootstrap (runs resampled within each task, the same draws for both recipes: paired by
+    seed; Agarwal et al. 2021). None below 2 paired seeds or without tasks."""
+    seeds = sorted({c["seed"] for c in cells_a} & {c["seed"] for c in cells_b})
+    if len(seeds) < 2 or not tasks:
+        return None
+    a, b = task_table(cells_a, agent, eval_set, tasks, seeds), task_table(cells_b, agent, eval_set, tasks, seeds)
+    point, lo, hi = stats.bootstrap_interval(a, other=b, reps=reps, seed=0)
+    return {"seeds": len(seeds), "tasks": len(tasks), "iqm": stats.iqm(a), "iqm_base": stats.iqm(b),
+            "diff": (point, lo, hi)}

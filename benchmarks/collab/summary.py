@@ -9,7 +9,7 @@ import statistics
 from collab.recipes import COLLABORATIVE, CONTRIB, CONTRIB_COUNTS, PAIRWISE_BASES, RECIPES, TWINS, base_recipe, \
     eval_sets_of
 from collab.scoring import OUTCOMES, accuracy, gain_kinds, has_rewards, mean_reward, outcome_mix, reward_of
-from collab.stats import paired_interval, paired_mde
+from collab.stats import iqm_vs, paired_interval, paired_mde
 
 
 def own_gradient(cells: list[dict], agent: str) -> dict | None:
@@ -127,6 +127,11 @@ def summary_of(meta: dict, before: dict, cells: list[dict]) -> dict:
         summary["before_outcomes"] = {a: {t: outcome_mix(merged[a], ids_of[t]) for t in task_names} for a in agents}
     for r in recipes:
         summary["recipes"][r] = _recipe(r, by, before, agents, sets, ids_of)
+    trained = {t: ids for t, ids in ids_of.items() if ids & set(next(iter(before["agents"].values()))["held_out"])}
+    if trained and "gspo" in by:   # the second view: IQM over seeds × trained tasks, stratified bootstrap
+        summary["iqm"] = {r: {a: {b: iqm_vs(by[r], by[b], a, "held_out", trained)
+                                  for b in ("gspo", "gspo_x2") if b in by and b != r}
+                              for a in agents} for r in recipes if r != "gspo"}
     return summary
 
 

@@ -279,6 +279,13 @@ def iqm(scores) -> float:
     return float(_sps.trim_mean(s, proportiontocut=0.25, axis=None))
 
 
+def _iqm_rows(x: np.ndarray) -> np.ndarray:
+    """:func:`iqm` of every row of a ``(reps, N)`` array (cut ⌊0.25·N⌋ from each end of the sorted row)."""
+    n = x.shape[1]
+    k = int(0.25 * n)
+    return np.sort(x, axis=1)[:, k:n - k].mean(axis=1)
+
+
 def _resample_indices(rng: np.random.Generator, runs: int, tasks: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, runs, size=(runs, tasks)), np.arange(tasks)[None, :]
 
@@ -299,6 +306,11 @@ def stratified_bootstrap(scores, statistic: Callable[[np.ndarray], float] = iqm,
     if not 1 <= reps <= 100_000 or reps * s.size > 50 * MAX_CELLS:
         raise ValueError(f"reps must be 1..100000 and reps × cells ≤ {50 * MAX_CELLS}, got {reps}")
     rng = np.random.default_rng(seed)
+    if statistic is iqm:   # all replicates at once: the same draws and values as the loop below, faster
+        rows = rng.integers(0, runs, size=(reps, runs, tasks))
+        cols = np.arange(tasks)[None, None, :]
+        out = _iqm_rows(s[rows, cols].reshape(reps, -1))
+        return out - _iqm_rows(o[rows, cols].reshape(reps, -1)) if o is not None else out
     out = np.empty(reps)
     for r in range(reps):
         idx = _resample_indices(rng, runs, tasks)

@@ -120,3 +120,17 @@ def test_own_gradient_counts_rows_and_updates_that_carried_a_gradient():
     got = own_gradient([seed0, seed1], "a")
     assert got == {"rollout_accuracy": 0.1875, "own_grad_frac": 0.375, "updates": 8, "updates_with_grad": 3}
     assert own_gradient([{"per_step": {"a": [{"accuracy": 0.0, "own_grad_frac": None, "peers": {}}]}}], "a") is None
+
+
+def test_the_iqm_view_is_paired_by_seed_and_stratified_by_task():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from collab.stats import iqm_vs
+
+    tasks = {"t1": {"p0", "p1"}, "t2": {"p2", "p3"}}
+    # both seeds alike: task accuracies [[1.0, 0.5], [1.0, 0.5]] against all 0; the IQM of 0.5 0.5 1 1 cuts one
+    # value at each end: mean(0.5, 1) = 0.75; every resample is the same table, so the interval is the point
+    a, b = _cells([[1, 1, 0, 1], [1, 1, 1, 0]]), _cells([[0, 0, 0, 0], [0, 0, 0, 0]])
+    got = iqm_vs(a, b, "a", "held_out", tasks, reps=200)
+    assert (got["seeds"], got["tasks"]) == (2, 2) and got["iqm"] == 0.75 and got["iqm_base"] == 0.0
+    assert got["diff"] == (0.75, 0.75, 0.75)
+    assert iqm_vs(a[:1], b, "a", "held_out", tasks) is None   # one seed: no bootstrap over seeds

@@ -193,3 +193,12 @@ def test_t_interval_covers_about_95_percent(n, m, sd_seed, sd_problem, sd_resid)
     if n == 2:
         # the normal quantile on two seeds (the method of the old power sentences) covers far less
         assert hit_z / reps < 0.85
+
+
+def test_the_fast_iqm_bootstrap_equals_the_general_one():
+    # the vectorised path for stats.iqm against the per-replicate loop over a statistic that computes the same IQM
+    rng = np.random.default_rng(3)
+    a, b = rng.random((3, 5)), rng.random((3, 5))
+    slow = stats.stratified_bootstrap(a, lambda x: stats.iqm(x), other=b, reps=300, seed=7)
+    fast = stats.stratified_bootstrap(a, other=b, reps=300, seed=7)
+    assert fast.shape == (300,) and np.allclose(slow, fast)
