@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on a CUDA machine: the default pair on cuda:0 with bf16 mixed precision, one short simulate, the
-# side-by-side step of benchmarks/bench_vs_trl.py on the GPU, and the vLLM engine's GPU test where vllm imports;
-# writes a small JSON of the timings.
+# side-by-side step of benchmarks/bench_vs_trl.py on the GPU, the vLLM engine's GPU test where vllm imports, and the
+# sharded trainer over NCCL with 2 or more GPUs (docs/distributed.md); writes a small JSON of the timings.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          # default OUT_DIR: runs/gpu-check
 #
@@ -57,13 +57,27 @@ if "$py" -c "import vllm" 2>/dev/null; then
     && vllm_status=ok || vllm_status="failed: see vllm_engine.log"
 fi
 
+# 2c. The sharded trainer (docs/distributed.md): the 2-process CPU equality test, then with 2 or more GPUs one
+# update over NCCL at N = 1 and 2 (peak memory per rank; FSDP2 with every rank on its own GPU).
+fsdp_status="failed: see fsdp.log"
+"$py" -m pytest -q -p no:cacheprovider tests/distributed/test_equal_update.py > "$out/fsdp.log" 2>&1 \
+  && fsdp_status="cpu equality ok"
+if [ "$("$py" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  "$py" benchmarks/bench_fsdp_memory.py --model smollm2-135m-instruct --nprocs 1 2 --device cuda \
+    --json "$out/fsdp_memory.json" >> "$out/fsdp.log" 2>&1 \
+    && fsdp_status="$fsdp_status; nccl 2-GPU update ok (fsdp_memory.json)" || fsdp_status="$fsdp_status; nccl failed: see fsdp.log"
+else
+  fsdp_status="$fsdp_status; nccl skipped: fewer than 2 GPUs"
+fi
+echo "sharded trainer: $fsdp_status"
+
 # 3. One JSON of the timings.
-"$py" - "$out" "$t0" "$t1" "$t2" "$bench_status" "$vllm_status" <<'EOF'
+"$py" - "$out" "$t0" "$t1" "$t2" "$bench_status" "$vllm_status" "$fsdp_status" <<'EOF'
 import json, sys
 from pathlib import Path
 import torch
 out, t0, t1, t2, status = Path(sys.argv[1]), *map(float, sys.argv[2:5]), sys.argv[5]
-vllm_status = sys.argv[6]
+vllm_status, fsdp_status = sys.argv[6], sys.argv[7]
 report = json.loads((out / "runs" / "gpu-check" / "report.json").read_text())
 summary = {
     "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -71,6 +85,7 @@ summary = {
                  "agents": report.get("agents", {})},
     "bench_vs_trl": {"status": status, "wall_s": t2 - t1},
     "vllm_engine": {"status": vllm_status},
+    "sharded_trainer": {"status": fsdp_status},
 }
 bench = out / "vs-trl-gpu" / "results.json"
 if status == "ok" and bench.is_file():
