@@ -8,6 +8,10 @@ A checkpoint is a directory ``<root>/step-<NNNNNNNN>/`` holding
   model fingerprint, any extra JSON the worker adds, the size and SHA-256 of every other file, and a
   SHA-256 of its own content.
 
+A site trained over N processes writes the weights and AdamW state as ``torch.distributed.checkpoint`` files instead
+(``"sharded": N`` in ``state.json``; :mod:`hacrl_fed.checkpoints.sharded`, :mod:`hacrl_fed.distributed.checkpoint`);
+:meth:`CheckpointManager.load` reads them into a single process too.
+
 It is written into a temporary sibling directory, every file and the directory are fsynced, and
 the directory is renamed into place; ``<root>/latest`` (written with tmp file + ``os.replace``)
 names the newest one. A crash leaves either the old or the new checkpoint, never a mix
