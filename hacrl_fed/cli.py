@@ -56,7 +56,8 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | vllm (needs device cuda and vllm installed "
+ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a decode loop on the same model: "
+               "finished rows leave the batch) | vllm (needs device cuda and vllm installed "
                "in this environment: docs/engines.md) | a registered engine or package.module:factory "
                "(docs/extending.md).")
 

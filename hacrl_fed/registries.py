@@ -226,6 +226,7 @@ not entries."""
 
 ROLLOUT_ENGINES = Registry("rollout engine", "model.engine", "hacrl_fed.rollout_engines", {
     "hf": "hacrl_fed.worker.engines:hf_engine",
+    "loop": "hacrl_fed.worker.engines:loop_engine",
     "vllm": "hacrl_fed.worker.engines:vllm_engine",
 }, import_paths=True)
 """``model.engine``: ``factory(request: EngineRequest) -> RolloutEngine`` (:mod:`hacrl_fed.rollout.factory`)."""

@@ -17,7 +17,7 @@ from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.rollout.engine import HFRolloutEngine, RolloutEngine
 from hacrl_fed.rollout.factory import EngineRequest
 
-__all__ = ["build_engine", "hf_engine", "require_engine", "vllm_engine"]
+__all__ = ["build_engine", "hf_engine", "loop_engine", "require_engine", "vllm_engine"]
 
 
 def hf_engine(request: EngineRequest) -> RolloutEngine:
@@ -26,6 +26,17 @@ def hf_engine(request: EngineRequest) -> RolloutEngine:
                            logprob_chunk_tokens=request.logprob_chunk_tokens, stop_strings=request.stop_strings,
                            behaviour_logprobs=request.model_cfg.behaviour_logprobs,
                            autocast_dtype=request.autocast_dtype)
+
+
+def loop_engine(request: EngineRequest) -> RolloutEngine:
+    """``model.engine = "loop"``: :class:`~hacrl_fed.rollout.decode_loop.LoopRolloutEngine`, a decode loop on the
+    training model itself (finished rows leave the batch; docs/engines.md). Same settings as ``hf``."""
+    from hacrl_fed.rollout.decode_loop import LoopRolloutEngine
+
+    return LoopRolloutEngine(request.model, request.tokenizer, max_batch_sequences=request.max_batch_sequences,
+                             logprob_chunk_tokens=request.logprob_chunk_tokens, stop_strings=request.stop_strings,
+                             behaviour_logprobs=request.model_cfg.behaviour_logprobs,
+                             autocast_dtype=request.autocast_dtype)
 
 
 def vllm_engine(request: EngineRequest) -> RolloutEngine:

@@ -1,0 +1,97 @@
+"""The ``loop`` rollout engine: the ``hf`` engine's greedy tokens and log-probs, seeded sampling whose draws do not
+depend on which rows still run, top-k / top-p as ``transformers``' warpers, stop strings, early-finishing rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hacrl_fed.rollout.decode_loop import LoopRolloutEngine, truncate_logits
+from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
+
+KINDS = ["tiny-llama-bpe", "tiny-gemma-unigram"]
+
+
+def _extra_eos(lm, prompts) -> int:
+    """Declare a token the model greedily emits mid-response as an extra EOS id, so rows stop at different steps."""
+    probe = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, Sampling(temperature=0, max_new_tokens=12), 0)
+    token = probe[1].response_ids[5]
+    lm.model.generation_config.eos_token_id = [lm.tokenizer.eos_token_id, token]
+    return token
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_hf_engine_with_rows_ending_early(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    _extra_eos(lm, prompts)
+    sp = Sampling(temperature=0, max_new_tokens=20)
+    hf = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=3).generate(prompts, 2, sp, seed=1)
+    loop = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=3).generate(prompts, 2, sp, seed=1)
+    assert {s.finish_reason for s in hf} == {"stop", "length"}, "test needs both finish reasons"
+    assert [(s.response_ids, s.finish_reason, s.text) for s in loop] == [(s.response_ids, s.finish_reason, s.text)
+                                                                         for s in hf]
+    for a, b in zip(loop, hf):
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=2e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_logprobs_equal_teacher_forced_and_seed_reproduces(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    _extra_eos(lm, prompts)
+    sp = Sampling(temperature=0.7, top_p=0.8, top_k=7, max_new_tokens=16)
+    gen = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=5)
+    forced = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=5, behaviour_logprobs="teacher_forced")
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    a = gen.generate(prompts, 2, sp, seed=4)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = forced.generate(prompts, 2, sp, seed=4)
+    c = gen.generate(prompts, 2, sp, seed=5)
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]
+    assert [s.response_ids for s in a] != [s.response_ids for s in c]
+    assert len({s.response_ids for s in a}) > 1
+    for x, y in zip(a, b):
+        assert x.token_logprobs == pytest.approx(y.token_logprobs, abs=2e-5)
+        assert x.token_count == len(x.response_ids)
+
+
+def test_a_rows_draw_does_not_depend_on_what_the_rows_beside_it_do(load_tiny, render_prompts):
+    lm = load_tiny("tiny-llama-bpe")
+    prompts = render_prompts(lm.tokenizer)
+    _extra_eos(lm, prompts)                      # rows leave the batch at different steps
+    sp = Sampling(temperature=0.5, max_new_tokens=16)
+    eng = LoopRolloutEngine(lm.model, lm.tokenizer)
+    mixed = eng.generate(prompts, 1, sp, seed=9)
+    other = eng.generate([prompts[0]] + [prompts[3]] * 3, 1, sp, seed=9)   # other neighbours, other end steps
+    assert [s.response_ids for s in mixed[1:]] != [s.response_ids for s in other[1:]]
+    assert mixed[0].response_ids == other[0].response_ids
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stop_strings_cut_as_the_hf_engine(load_tiny, render_prompts, kind):
+    lm = load_tiny(kind)
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0, max_new_tokens=16)
+    plain = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    stop = next(s.text[4:7] for s in plain if len(s.text) > 8 and s.text[4:7].strip())
+    hf = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
+    loop = LoopRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
+    assert any(s.finish_reason == "stop" and stop not in s.text for s in loop), "test needs a stop-string cut"
+    assert [(s.response_ids, s.finish_reason) for s in loop] == [(s.response_ids, s.finish_reason) for s in hf]
+    for a, b in zip(loop, hf):
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=2e-5)
+
+
+def test_truncation_matches_the_transformers_warpers():
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    z = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for k, p in [(0, 1.0), (5, 1.0), (0, 0.6), (7, 0.9), (60, 0.3)]:
+        want = z.clone()
+        if k:
+            want = TopKLogitsWarper(top_k=k)(None, want)
+        if p < 1:
+            want = TopPLogitsWarper(top_p=p)(None, want)
+        assert torch.equal(truncate_logits(z, k, p), want)
