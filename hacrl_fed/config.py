@@ -217,6 +217,11 @@ class VerifierConfig(Strict):
     """Processes in the verifier pool."""
     truncated_reward: Literal["zero", "verify"] = "zero"
     """Responses cut at ``max_new_tokens`` (finish reason ``length``): reward 0, or verify as usual."""
+    source_budget_s: PositiveFloat | None = 30.0
+    """CPU seconds of verification one source's rows may use per step, at the coordinator and at every site
+    that re-verifies them; its remaining rows are then refused (``verifier_error``, reason ``source_budget``,
+    reward 0). Bounds what one site's crafted answers cost everyone (``hacrl_fed.reward.verifier``); None: no
+    bound."""
 
 
 VLLM_DEVICES = ("cuda", "cuda:0")

@@ -172,7 +172,8 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
                 todo.append((item.agent, i))
     by_agent = {item.agent: item.batch for item in accepted}
     if todo:
-        verdicts = list(verify(*verifier_columns(prompts, [by_agent[a].rollouts[i] for a, i in todo])))
+        verdicts = list(_by_source(verify, verifier_columns(prompts, [by_agent[a].rollouts[i] for a, i in todo]),
+                                   [a for a, _ in todo]))
         if len(verdicts) != len(todo):
             raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
         for (agent, i), v in zip(todo, verdicts):
@@ -192,6 +193,15 @@ def reverify(verify: VerifyFn, accepted: Sequence[AcceptedBatch], plan: pb.Round
     for agent, v in out.items():
         v.task_accuracy = _task_means(by_agent[agent], v.rewards, prompts)
     return out
+
+
+def _by_source(verify: VerifyFn, columns, sources: list[str]):
+    """``verify(*columns)``, with each row's agent as ``sources`` when the verifier bounds a source's CPU per
+    call (``hacrl_fed.reward.Verifier.source_budget_s``: a source past it has its remaining rows refused as
+    ``verifier_error``, reason ``source_budget``)."""
+    if hasattr(getattr(verify, "__self__", None), "source_budget_s"):
+        return verify(*columns, sources=sources)
+    return verify(*columns)
 
 
 def _task_means(batch: pb.RolloutBatch, rewards: Sequence[float], prompts: Mapping[str, pb.PromptItem]) -> dict[str, float]:

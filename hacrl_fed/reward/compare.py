@@ -19,12 +19,18 @@ Fixes over plain ``math_verify.parse``/``verify`` (each a *kind* of false positi
   that is exact for exact numbers and relative (``REL_TOL``) when a float is involved.
 * **malformed LaTeX** — ``\\sqrt(2)`` / ``\\frac(a)(b)`` are repaired; unbalanced braces or
   absurd nesting in the reference are ``verifier_error``, never correct.
+* **pathological sizes** — a parsed expression whose exact value would need more than :data:`MAX_DIGITS`
+  digits (a power tower, ``(10!)^{(10!)^{(10!)}}``, a huge factorial, an exponent chain) is cut before the
+  symbolic comparison, which would spend the verifier's whole CPU limit on it (:func:`exact_size`: a bound read
+  off the unevaluated tree, linear in its size): ``verifier_error`` ``reference_too_large`` for a reference,
+  ``incorrect`` ``answer_too_large`` for an answer.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import re
 import threading
 from types import ModuleType
@@ -43,7 +49,8 @@ from hacrl_fed.protocol.episodes import EPISODE_STYLE
 from hacrl_fed.reward.episode_check import check_episode
 from hacrl_fed.reward.verdict import Verdict
 
-__all__ = ["MAX_ANSWER_CHARS", "MAX_NESTING", "REL_TOL", "check_answer", "strict_grader", "warm_up"]
+__all__ = ["MAX_ANSWER_CHARS", "MAX_DIGITS", "MAX_NESTING", "REL_TOL", "check_answer", "exact_size", "strict_grader",
+           "warm_up"]
 
 REL_TOL = 1e-6
 """Relative tolerance when a float takes part (``0.333333`` = 1/3; ``1234568.0`` ≠ 1234567)."""
@@ -53,6 +60,9 @@ MAX_NESTING = 50
 """Deeper ``{([`` nesting is refused before parsing (``verifier_error``)."""
 MAX_ANSWER_CHARS = 2000
 """Longer answers/references are refused before parsing (``verifier_error``)."""
+MAX_DIGITS = 100_000
+"""Largest exact size (decimal digits of numerators, denominators and exponents, :func:`exact_size`) compared
+symbolically; 20000! (77 338 digits) still is, ``2^{10!}`` (≈ 10⁶ digits) is not."""
 
 _GRADER: ModuleType | None = None
 _GRADER_LOCK = threading.Lock()
@@ -184,6 +194,58 @@ def _restates_problem(answer: str, reference: str, problem: str) -> bool:
     )
 
 
+def exact_size(expr, depth: int = 0) -> float:
+    """An upper bound on the decimal digits an exact evaluation of the unevaluated sympy ``expr`` needs (its
+    integers, numerators, denominators and powers together); ``inf`` beyond :data:`MAX_DIGITS` or nested more
+    than 4 × :data:`MAX_NESTING`. A symbol counts 1 digit, a power ``b^e`` with an integer-valued exponent
+    |e| × size(b) (a sum of k terms with symbols: the C(|e|+k−1, k−1) monomials of its expansion × size(b)), a
+    factorial n! log₁₀ n! (Stirling), any other node the sum of its arguments. Linear in the tree."""
+    import sympy
+
+    inf = math.inf
+    if depth > 4 * MAX_NESTING:
+        return inf
+    if isinstance(expr, sympy.Integer):
+        return max(1.0, math.log10(abs(int(expr)) + 1))
+    if isinstance(expr, sympy.Rational):
+        return exact_size(sympy.Integer(expr.p)) + exact_size(sympy.Integer(expr.q))
+    if isinstance(expr, sympy.Float):
+        return 20.0 + abs(expr._mpf_[2]) * 0.30103 if expr._mpf_[1] else 1.0
+    if isinstance(expr, sympy.factorial):
+        n = _value_bound(expr.args[0], depth)
+        return inf if n > 10**7 else max(1.0, math.lgamma(n + 1) / math.log(10))
+    if isinstance(expr, sympy.Pow):
+        base, power = expr.args
+        size_base = exact_size(base, depth + 1)
+        if base in (sympy.S.Zero, sympy.S.One, sympy.S.NegativeOne):
+            return size_base + exact_size(power, depth + 1)
+        if isinstance(power, sympy.Rational) and not isinstance(power, sympy.Integer):   # a root: as the base
+            return size_base * max(1, abs(power.p)) + exact_size(power, depth + 1)
+        times = _value_bound(power, depth)
+        if isinstance(base, sympy.Add) and base.free_symbols and times < 10**6:   # a polynomial's expansion:
+            times = math.comb(int(times) + len(base.args) - 1, len(base.args) - 1)  # its monomials
+        return inf if times * size_base > MAX_DIGITS else times * size_base
+    total = sum(exact_size(a, depth + 1) for a in getattr(expr, "args", ()) if isinstance(a, sympy.Basic)) or 1.0
+    return inf if total > MAX_DIGITS else total
+
+
+def _value_bound(expr, depth: int) -> float:
+    """An upper bound on |value| of ``expr`` (10 ^ its :func:`exact_size`; the exact value for an integer)."""
+    import sympy
+
+    if isinstance(expr, sympy.Integer):
+        return float(abs(int(expr))) if abs(int(expr)) < 10**300 else math.inf
+    size = exact_size(expr, depth + 1)
+    return math.inf if size > 300 else 10.0 ** size
+
+
+def _too_large(parsed) -> bool:
+    """Whether any sympy expression of a math-verify parse result is beyond :data:`MAX_DIGITS`."""
+    import sympy
+
+    return any(isinstance(e, sympy.Basic) and exact_size(e) > MAX_DIGITS for e in parsed)
+
+
 def _too_complex(text: str) -> bool:
     return len(text) > MAX_ANSWER_CHARS or max_nesting(text) > MAX_NESTING
 
@@ -234,6 +296,8 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
     gold = _parse(ref)
     if not gold:
         return Verdict.error("reference_unparseable")
+    if _too_large(gold):
+        return Verdict.error("reference_too_large")
     found = extract_final_answer(response, style)  # type: ignore[arg-type]
     if found is None:
         return Verdict.incorrect("no_final_answer")
@@ -249,6 +313,8 @@ def check_answer(response: str, reference: str, style: str = "boxed", problem: s
     pred = _parse(ans)
     if not pred:
         return Verdict.incorrect("answer_unparseable", ans)
+    if _too_large(pred):
+        return Verdict.incorrect("answer_too_large", ans)
     if strict_grader().verify(gold, pred, timeout_seconds=None):
         return Verdict.correct("match", ans)
     return Verdict.incorrect("mismatch", ans)

@@ -14,6 +14,11 @@ worker that is stuck without computing. An item that overruns its CPU limit is r
 wall-clock backstop is not retried. Both limits count from dispatch: a worker only receives items
 after it reported ready (imports done), so start-up never eats into an item's time.
 
+A call may also bound the CPU each *group* of its items spends in all (``groups``, ``group_budget_s``: a
+source's rows in one step): the CPU seconds of every finished, failed or killed item count against its group,
+and once a group has spent its budget its items not yet dispatched are not run (outcome ``("budget", limit)``),
+so one group cannot buy more than its budget plus one item's limits (×2 with a retry) per worker.
+
 Safe to use from any thread; concurrent :meth:`KillablePool.map` calls are serialized. Like every
 ``spawn`` user, a script that creates a pool at import time needs the ``if __name__ == "__main__":``
 guard.
@@ -41,13 +46,16 @@ except ImportError:  # pragma: no cover - psutil is a dependency; without it the
 __all__ = ["KillablePool", "MapStats", "Outcome"]
 
 Outcome = tuple[str, Any]
-"""``("ok", value)``, ``("timeout", limit)``, ``("crash", exit_code)`` or ``("error", exception_type_name)``;
-``limit`` says which limit the last attempt exceeded, e.g. ``"4 s CPU"`` or ``"60 s wall-clock"``."""
+"""``("ok", value)``, ``("timeout", limit)``, ``("crash", exit_code)``, ``("error", exception_type_name)`` or
+``("budget", limit)`` (not run: its group's CPU budget was spent); ``limit`` says which limit, e.g.
+``"4 s CPU"`` or ``"60 s wall-clock"``."""
 
 _READY = ("ready",)
 _POLL_S = 0.5
 """Longest wait between two looks at the busy workers' CPU time (seconds)."""
 _MIN_POLL_S = 0.01
+_MIN_CHARGE_S = 0.001
+"""CPU seconds an item counts against its group's budget at least."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class MapStats:
 
     timeouts: int = 0
     retried: int = 0
+    over_budget: int = 0
+    """Items not run because their group's CPU budget was spent."""
 
 
 def _worker_main(conn: Connection, fn: Callable[[Any], Any], memory_limit_mb: int | None) -> None:
@@ -202,6 +212,9 @@ class KillablePool:
         """Items whose final outcome was ``timeout``, over all calls (for metrics)."""
         self.retried = 0
         """Items run again after overrunning their CPU limit, over all calls (for metrics)."""
+        self._groups: list[Any] | None = None
+        self._budget: float | None = None
+        self._spent: dict[Any, float] = {}
 
     def start(self) -> None:
         """Start the workers (idempotent); returns without waiting for them to be ready."""
@@ -222,12 +235,29 @@ class KillablePool:
         """Outcomes in item order. Raises ``RuntimeError`` if a worker cannot start at all."""
         return self.map_with_stats(items)[0]
 
-    def map_with_stats(self, items: Sequence[Any]) -> tuple[list[Outcome], MapStats]:
-        """:meth:`map` plus this call's :class:`MapStats` (timeouts and retries)."""
+    def map_with_stats(self, items: Sequence[Any], *, groups: Sequence[Any] | None = None,
+                       group_budget_s: float | None = None) -> tuple[list[Outcome], MapStats]:
+        """:meth:`map` plus this call's :class:`MapStats` (timeouts and retries). ``groups``: one hashable per
+        item; with ``group_budget_s`` (CPU seconds, > 0) a group's items stop being run once it has spent that
+        much (module docstring). Raises ``ValueError`` for a ``groups`` of another length."""
+        if groups is not None and len(groups) != len(items):
+            raise ValueError(f"groups has {len(groups)} entries, expected {len(items)}")
         self.start()
         with self._lock:
-            results, stats = self._map(items)
+            self._groups = list(groups) if groups is not None and group_budget_s else None
+            self._budget, self._spent = group_budget_s, {}
+            try:
+                results, stats = self._map(items)
+            finally:
+                self._groups = None
         return results, stats
+
+    def _charge(self, s: _Slot) -> None:
+        """Count the CPU the slot's current item used against its group (at least :data:`_MIN_CHARGE_S`: the
+        process's CPU times tick in 10 ms steps, so a cheap item can read as 0)."""
+        if self._groups is not None and s.index is not None:
+            group = self._groups[s.index]
+            self._spent[group] = self._spent.get(group, 0.0) + max(_MIN_CHARGE_S, s.cpu_used())
 
     def _limits(self, attempt: int) -> tuple[float, float]:
         f = self.retry_factor ** attempt
@@ -237,6 +267,10 @@ class KillablePool:
                   results: list[Outcome | None]) -> int:
         done = 0
         for i, s in enumerate(self._slots):
+            while s.ready and s.index is None and pending and self._over_budget(pending[0][0]):
+                index, _ = pending.popleft()
+                results[index] = ("budget", f"{self._budget:g} s CPU")
+                done += 1
             if s.ready and s.index is None and pending:
                 index, attempt = pending.popleft()
                 try:
@@ -248,6 +282,9 @@ class KillablePool:
                     continue
                 s.assign(index, attempt, *self._limits(attempt))
         return done
+
+    def _over_budget(self, index: int) -> bool:
+        return self._groups is not None and self._spent.get(self._groups[index], 0.0) >= (self._budget or 0.0)
 
     def _wait_s(self) -> float:
         """How long to wait on the pipes before looking at the busy workers again."""
@@ -286,6 +323,7 @@ class KillablePool:
                         if s.index is None:
                             continue
                     index, attempt = s.index, s.attempt
+                    self._charge(s)
                     self._replace(i)
                     if cpu_over and attempt < self.retries:
                         pending.appendleft((index, attempt + 1))
@@ -304,7 +342,8 @@ class KillablePool:
                     raise RuntimeError(f"verifier worker did not start within {self.start_timeout_s:.0f} s")
         self.timeouts += timeouts
         self.retried += retried
-        return results, MapStats(timeouts, retried)  # type: ignore[return-value]
+        over = sum(1 for r in results if r is not None and r[0] == "budget")
+        return results, MapStats(timeouts, retried, over)  # type: ignore[return-value]
 
     def _receive(self, i: int, results: list[Outcome | None]) -> int:
         s = self._slots[i]
@@ -319,6 +358,7 @@ class KillablePool:
                                    "is math-verify installed?") from None
             if s.index is not None:
                 results[s.index] = ("crash", s.proc.exitcode)
+                self._charge(s)
                 self._replace(i)
                 return 1
             self._replace(i)
@@ -329,6 +369,7 @@ class KillablePool:
         index, outcome = msg
         if index == s.index:
             results[index] = outcome
+            self._charge(s)
             s.index = None
             return 1
         return 0

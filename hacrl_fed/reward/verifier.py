@@ -6,7 +6,10 @@ overruns is retried once with twice the limit (by default), and a generous wall-
 still kills a stuck worker (:class:`~hacrl_fed.reward.pool.KillablePool`). An item that still
 overruns, or crashes, becomes a ``verifier_error`` verdict (reward 0, counted), never a stuck
 round; each :meth:`Verifier.verify` result says how many of its items timed out or were retried
-(:class:`VerdictList`). Usable from the main thread and from worker threads (a gRPC servicer): no
+(:class:`VerdictList`). Per call, each *source* (``sources``: the agent whose row it is) may spend at
+most ``source_budget_s`` CPU seconds in all: once it has, its remaining rows are not verified but refused,
+``verifier_error`` with the reason ``source_budget: …`` (reward 0), so that one site's crafted answers
+cannot buy minutes of everyone's verifier CPU per step. Usable from the main thread and from worker threads (a gRPC servicer): no
 signals are used in the caller, and math-verify's own signal timeouts are disabled in the workers.
 
 Two faces:
@@ -31,7 +34,7 @@ from hacrl_fed.reward.verdict import Verdict
 if TYPE_CHECKING:
     from hacrl_fed.config import VerifierConfig
 
-__all__ = ["AccuracyReward", "CheckItem", "VerdictList", "Verifier", "accuracy_reward"]
+__all__ = ["AccuracyReward", "CheckItem", "VerdictList", "Verifier", "accuracy_reward", "verify_by_source"]
 
 
 class CheckItem:
@@ -65,12 +68,12 @@ class VerdictList(list):
             not counted in ``timeouts`` were rescued by the retry.
     """
 
-    def __init__(self, verdicts=(), timeouts: int = 0, retried: int = 0) -> None:
+    def __init__(self, verdicts=(), timeouts: int = 0, retried: int = 0, over_budget: int = 0) -> None:
         super().__init__(verdicts)
-        self.timeouts, self.retried = timeouts, retried
+        self.timeouts, self.retried, self.over_budget = timeouts, retried, over_budget
 
     def __reduce__(self):
-        return (VerdictList, (list(self), self.timeouts, self.retried))
+        return (VerdictList, (list(self), self.timeouts, self.retried, self.over_budget))
 
 
 def _broadcast(value: str | Sequence[str] | None, n: int, name: str) -> list[Any]:
@@ -96,14 +99,20 @@ class Verifier:
             (default ``max(60, 10 × timeout_s)``; reason ``timeout after 60 s wall-clock``, no retry).
         retries: runs after a CPU-limit overrun (default 1; 0 = none).
         retry_factor: limit multiplier per retry (default 2).
+        source_budget_s: CPU seconds one source's items may use in one :meth:`verify` call (``sources``
+            given); its later items are refused (``verifier_error``, reason ``source_budget: …``). None: no bound.
 
     Use as a context manager (or call :meth:`close`); the pool starts on ``__enter__`` or on the
     first :meth:`verify`. Pickling keeps only the settings: an unpickled copy starts its own pool.
     """
 
     def __init__(self, timeout_s: float = 5.0, workers: int = 2, *, memory_limit_mb: int | None = 2048,
-                 wall_timeout_s: float | None = None, retries: int = 1, retry_factor: float = 2.0) -> None:
+                 wall_timeout_s: float | None = None, retries: int = 1, retry_factor: float = 2.0,
+                 source_budget_s: float | None = None) -> None:
+        if source_budget_s is not None and not source_budget_s > 0:
+            raise ValueError(f"source_budget_s must be > 0, got {source_budget_s}")
         self.timeout_s, self.workers, self.memory_limit_mb = float(timeout_s), int(workers), memory_limit_mb
+        self.source_budget_s = source_budget_s
         self._pool = KillablePool(CheckItem(), workers=self.workers, timeout_s=self.timeout_s,
                                   memory_limit_mb=memory_limit_mb, wall_timeout_s=wall_timeout_s,
                                   retries=retries, retry_factor=retry_factor)
@@ -112,8 +121,8 @@ class Verifier:
 
     @classmethod
     def from_config(cls, cfg: VerifierConfig) -> Verifier:
-        """Build from ``[verifier]`` of a config file (``timeout_s``, ``workers``)."""
-        return cls(timeout_s=cfg.timeout_s, workers=cfg.workers)
+        """Build from ``[verifier]`` of a config file (``timeout_s``, ``workers``, ``source_budget_s``)."""
+        return cls(timeout_s=cfg.timeout_s, workers=cfg.workers, source_budget_s=cfg.source_budget_s)
 
     @property
     def restarts(self) -> int:
@@ -131,7 +140,8 @@ class Verifier:
         return self._pool.retried
 
     def verify(self, responses: Sequence[str], references: Sequence[str],
-               styles: str | Sequence[str] = "boxed", problems: str | Sequence[str] | None = None) -> VerdictList:
+               styles: str | Sequence[str] = "boxed", problems: str | Sequence[str] | None = None, *,
+               sources: Sequence[str] | None = None) -> VerdictList:
         """Verdicts for ``responses[i]`` against ``references[i]``, in order, as a
         :class:`VerdictList` (a list that also carries this call's ``timeouts`` and ``retried``).
 
@@ -140,6 +150,8 @@ class Verifier:
             references: reference final answers (or worked solutions ending in ``\\boxed{}``/``####``).
             styles: ``boxed`` or ``gsm8k`` per item, or one style for all.
             problems: problem texts (enables the restated-problem check), or ``None``.
+            sources: the source (agent) of each response: with ``source_budget_s`` set, each source's CPU in
+                this call is bounded (module docstring); ``None``: no per-source bound.
 
         Raises ``ValueError`` for mismatched lengths, an unknown style or a non-string input;
         ``RuntimeError`` if the worker processes cannot start.
@@ -159,8 +171,11 @@ class Verifier:
             except ValueError as err:
                 raise ValueError(f"item {i}: {err}") from None
         items = list(zip(responses, refs, style_list, problem_list, strict=True))
-        outcomes, stats = self._pool.map_with_stats(items) if items else ([], MapStats())
-        return VerdictList([self._to_verdict(o) for o in outcomes], stats.timeouts, stats.retried)
+        groups = None if sources is None else _broadcast(sources, n, "sources")
+        budget = self.source_budget_s if groups is not None else None
+        outcomes, stats = (self._pool.map_with_stats(items, groups=groups, group_budget_s=budget) if items
+                           else ([], MapStats()))
+        return VerdictList([self._to_verdict(o) for o in outcomes], stats.timeouts, stats.retried, stats.over_budget)
 
     def verify_one(self, response: str, reference: str, style: str = "boxed", problem: str | None = None) -> Verdict:
         """:meth:`verify` for a single item."""
@@ -174,6 +189,8 @@ class Verifier:
             return Verdict.error(f"timeout after {value}")
         if kind == "crash":
             return Verdict.error(f"worker crashed (exit code {value})")
+        if kind == "budget":
+            return Verdict.error(f"source_budget: refused, the source's verifier CPU for the step ({value}) is spent")
         return Verdict.error(f"error: {value}")
 
     def start(self) -> Verifier:
@@ -192,12 +209,21 @@ class Verifier:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"timeout_s": self.timeout_s, "workers": self.workers, "memory_limit_mb": self.memory_limit_mb,
-                "wall_timeout_s": self.wall_timeout_s, "retries": self.retries, "retry_factor": self.retry_factor}
+                "wall_timeout_s": self.wall_timeout_s, "retries": self.retries, "retry_factor": self.retry_factor,
+                "source_budget_s": self.source_budget_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["timeout_s"], state["workers"], memory_limit_mb=state["memory_limit_mb"],
                       wall_timeout_s=state["wall_timeout_s"], retries=state["retries"],
-                      retry_factor=state["retry_factor"])
+                      retry_factor=state["retry_factor"], source_budget_s=state.get("source_budget_s"))
+
+
+def verify_by_source(verify: Any, columns: Sequence[Any], sources: Sequence[str]) -> list:
+    """``verify(*columns)`` with each row's source when ``verify`` is a :class:`Verifier`'s (whose
+    ``source_budget_s`` then bounds each source's CPU); any other verify function (a test's) as it is."""
+    if isinstance(getattr(verify, "__self__", None), Verifier):
+        return verify(*columns, sources=sources)
+    return verify(*columns)
 
 
 def _completion_text(completion: Any) -> str:

@@ -42,6 +42,7 @@ from hacrl_fed.screens.rules import (
     tail_decision,
 )
 from hacrl_fed.protocol.episodes import verifier_columns, zeroed_unverified
+from hacrl_fed.reward.verifier import verify_by_source
 from hacrl_fed.v1 import rollout_pb2 as pb
 
 __all__ = ["STATE_VERSION", "SiteGuard", "cut_rollout", "rewrite_rollout"]
@@ -205,7 +206,8 @@ class SiteGuard:
                             self.step)
             return
         todo = [(s, r) for s, r in rows if not zeroed_unverified(r, self.truncated_zero)]
-        verdicts = list(self.verify(*verifier_columns(references, [r for _, r in todo]))) if todo else []
+        columns = verifier_columns(references, [r for _, r in todo])
+        verdicts = list(verify_by_source(self.verify, columns, [s for s, _ in todo])) if todo else []
         if len(verdicts) != len(todo):
             raise ValueError(f"verifier returned {len(verdicts)} verdicts for {len(todo)} responses")
         mine: dict[RowKey, tuple[float, bool]] = {(s, r.prompt_id, r.sample_index): (0.0, False) for s, r in rows}

@@ -135,3 +135,19 @@ def test_close_stops_workers():
     p.close()
     assert not any(proc.is_alive() for proc in procs)
     p.close()  # idempotent
+
+
+def test_a_group_over_its_cpu_budget_has_its_remaining_items_refused(pool):
+    """mallory's items burn 0.3 CPU s each against a 0.5 s budget: two run, the rest are refused unrun; alice's
+    cheap items all run, whatever their place in the queue."""
+    items = [("cpu", 0.3)] * 5 + [1, 2, 3]
+    groups = ["mallory"] * 5 + ["alice"] * 3
+    out, stats = pool.map_with_stats(items, groups=groups, group_budget_s=0.5)
+    assert out[5:] == [("ok", 2), ("ok", 4), ("ok", 6)]
+    ran = [o for o in out[:5] if o == ("ok", "done")]
+    refused = [o for o in out[:5] if o == ("budget", "0.5 s CPU")]
+    assert 2 <= len(ran) <= 3 and len(ran) + len(refused) == 5        # two workers: at most one more in flight
+    assert stats.over_budget == len(refused) >= 2
+    assert pool.map_with_stats(items, groups=groups)[1].over_budget == 0      # no budget: everything runs
+    with pytest.raises(ValueError, match="groups"):
+        pool.map_with_stats([1, 2], groups=["a"], group_budget_s=1.0)

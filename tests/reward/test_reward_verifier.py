@@ -97,13 +97,14 @@ def test_deep_nesting_is_a_verifier_error_without_a_timeout(verifier):
 
 
 def test_huge_exponent_times_out_and_the_pool_recovers():
-    """A pathological reference (a tower of powers: pure CPU) is still a verifier_error, after the
-    retry, in bounded time; the pool serves on."""
+    """A pathological reference that no size bound cuts (a polynomial expansion: pure CPU; towers of powers are
+    cut before, tests/reward/test_verifier_cost.py) is still a verifier_error, after the retry, in bounded
+    time; the pool serves on."""
     with Verifier(timeout_s=0.5, workers=2, wall_timeout_s=20.0) as v:
         assert v.verify_one(r"\boxed{7}", "7").verdict == "correct"
         restarts = v.restarts
         start = time.monotonic()
-        out = v.verify([r"\boxed{1}", r"\boxed{2}"], ["9^{9^{9^{9}}}", "2"])
+        out = v.verify([r"\boxed{1}", r"\boxed{2}"], ["(x+y+z)^{150}-(x+y-z)^{150}", "2"])
         elapsed = time.monotonic() - start
         assert out[0] == Verdict.error("timeout after 1 s CPU")  # 0.5 s, then 1 s on the retry
         assert out[1].verdict == "correct"  # the other worker kept going
