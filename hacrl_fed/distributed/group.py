@@ -50,16 +50,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def init_group(rank: int, world_size: int, addr: str, port: int, device_type: str, timeout_s: float):
+def init_group(rank: int, world_size: int, addr: str, port: int, device_type: str, timeout_s: float,
+               join_s: float | None = None):
     """Join the site's process group and return its 1-D device mesh (``world_size`` ranks).
 
-    On CUDA, rank r uses GPU ``r mod (visible GPUs)``. Raises :class:`RankFailure` (one line) when the group does
-    not form within ``timeout_s`` seconds."""
+    ``timeout_s`` bounds every collective; ``join_s`` (default ``max(timeout_s, 600)``) how long the ranks may take
+    to reach the rendezvous (a rank's start, imports included). On CUDA, rank r uses GPU ``r mod (visible GPUs)``.
+    Raises :class:`RankFailure` (one line) when the group does not form in time."""
     if device_type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
+    join = datetime.timedelta(seconds=join_s if join_s is not None else max(timeout_s, 600.0))
     try:
-        dist.init_process_group(backend_for(device_type), init_method=f"tcp://{addr}:{port}", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=join, wait_for_workers=True)
+        dist.init_process_group(backend_for(device_type), store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     except Exception as err:  # noqa: BLE001 - the store raises its own types (timeouts, connection errors)
         raise RankFailure(f"rank {rank} of {world_size} could not join the group at {addr}:{port}: "
                           f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") from None

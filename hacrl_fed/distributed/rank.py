@@ -46,6 +46,8 @@ def serve(env=os.environ) -> None:
     """Join the group and run rank 0's commands until ``stop``."""
     import torch.distributed as dist
 
+    import transformers  # noqa: F401 - imported before the group forms: a slow import counts in no collective
+
     from hacrl_fed.distributed.group import broadcast, init_group
     from hacrl_fed.distributed.ranks import RankState
 

@@ -35,6 +35,13 @@ def shard_worker(worker, keep_checkpoints: int) -> ShardedSite:
                        gradient_checkpointing=cfg.model.gradient_checkpointing, local_ranks=t.local_ranks,
                        addr=t.master_addr, port=t.master_port, timeout_s=t.timeout_s)
     atexit.register(site.close)
+    close = worker.close
+
+    def close_all() -> None:          # the worker's close stops its ranks too
+        site.close()
+        close()
+
+    worker.close = close_all
     _attach(worker, site)
     worker.checkpoints = ShardedCheckpoints(worker.checkpoints.root, site, keep_last=keep_checkpoints)
 
