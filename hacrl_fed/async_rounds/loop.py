@@ -39,7 +39,7 @@ from hacrl_fed.async_rounds.pool import AsyncPool, Delivery, PooledBatch
 from hacrl_fed.coordinator.phases import AgentVerification, build_round_plan, capability_table, reverify
 from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup, Transport, _commit, _eligible,
                                           _exchange, _flush_eval, _maybe_evaluate, _run_end, _wait_for_agents,
-                                          restore, resume_settings, rollout_only)
+                                          restore, rollout_only, state_terms)
 from hacrl_fed.coordinator.state import MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, save_state
 from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, reconcile,
                                                refuse_replay_mismatches,
@@ -120,8 +120,9 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
     Raises StateError as :func:`~hacrl_fed.coordinator.rounds.run_coordinator`; agent failures never raise.
     """
     run = setup.run
-    # plans outnumber run.steps when sites skip to the newest: the saved step has no bound
-    state, resumed, tracker, metrics = restore(setup, resume_settings(run) | {"mode": "async"}, steps=None)
+    # plans outnumber run.steps when sites skip to the newest: the saved step has no bound (state_terms)
+    settings, steps = state_terms(run)
+    state, resumed, tracker, metrics = restore(setup, settings, steps=steps)
     ctx = _Run(setup, transport, state, metrics, tracker, AsyncPool(run.max_staleness, run.max_row_age_s),
                eval_request=eval_request(setup.held_out, run) if setup.held_out else b"")
     state.restarts += resumed

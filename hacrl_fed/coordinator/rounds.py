@@ -169,6 +169,25 @@ def resume_settings(run: RunConfig) -> dict[str, Any]:
             "capability_warmup_steps": run.capability_warmup_steps, "sampling": run.sampling.model_dump(mode="json")}
 
 
+def state_terms(run: RunConfig) -> tuple[dict[str, Any], int | None]:
+    """What a saved state must match to be this run's, in the run's mode: the settings hashed into it
+    (:func:`resume_settings`, plus ``mode`` for an asynchronous run) and the bound on its ``step`` (``run.steps``
+    in sync mode; none in async mode, where ``step`` counts plans and outnumbers every site's updates). The one
+    source for the loops' restore and ``hacrl-fed server``'s pre-flight (:func:`check_saved_state`)."""
+    if run.mode == "async":
+        return resume_settings(run) | {"mode": "async"}, None
+    return resume_settings(run), run.steps
+
+
+def check_saved_state(run: RunConfig, run_dir: str | Path) -> None:
+    """Raise StateError (one line naming the file) when ``run_dir``'s saved coordinator state cannot be resumed
+    by ``run`` (:func:`state_terms`); nothing when there is none yet or it can."""
+    settings, steps = state_terms(run)
+    run_dir = Path(run_dir)
+    load_state(run_dir / "coordinator" / "state.json", run_id=run.run_id, config_digest=run_digest(settings),
+               steps=steps, root=run_dir)
+
+
 def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     """Run (or resume) the synchronous run until ``run.steps`` steps are done. Returns the final state. (With
     ``run.mode = "async"`` every site goes at its own pace: :func:`hacrl_fed.async_rounds.loop.run_async`;
@@ -181,7 +200,8 @@ def run_coordinator(setup: Setup, transport: Transport) -> CoordinatorState:
     run = setup.run
     if run.mode != "sync":
         raise ValueError(f"run.mode = {run.mode!r}: run it with hacrl_fed.async_rounds.loop.run_async")
-    state, resumed, tracker, metrics = restore(setup, resume_settings(run), steps=run.steps)
+    settings, steps = state_terms(run)
+    state, resumed, tracker, metrics = restore(setup, settings, steps=steps)
     board = metrics.mirror
     if state.pending is not None:
         log.warning("step %s was interrupted during its train phase: it counts as done, not as trained (each "

@@ -100,12 +100,10 @@ def _preflight(cfg: ServerConfig) -> None:
     check_data(cfg.run.data)
     check_report_to(cfg.run)
     check_writable(cfg.run.output_dir, "run.output_dir")
-    from hacrl_fed.coordinator.rounds import resume_settings
-    from hacrl_fed.coordinator.state import load_state, run_digest
+    from hacrl_fed.coordinator.rounds import check_saved_state
 
-    run_dir = Path(cfg.run.output_dir) / cfg.run.run_id
-    load_state(run_dir / "coordinator" / "state.json", run_id=cfg.run.run_id,  # StateError
-               config_digest=run_digest(resume_settings(cfg.run)), steps=cfg.run.steps, root=run_dir)
+    # StateError; the state's terms are the run mode's, as the loop that resumes it will check them
+    check_saved_state(cfg.run, Path(cfg.run.output_dir) / cfg.run.run_id)
     launch.check_importable(["hacrl_fed.flower.server_app", "hacrl_fed.flower.client_app"])
 
 
