@@ -114,6 +114,8 @@ def _cli() -> argparse.ArgumentParser:
     parser.add_argument("--contributor-api-key-env", metavar="VAR",
                         help="environment variable holding the endpoint's API key (with a URL)")
     parser.add_argument("--contributor-device", default="cpu", help="device of the served model (default: cpu)")
+    parser.add_argument("--engine", metavar="NAME", help="every learner's rollout engine (model.engine: hf, loop, "
+                        "vllm or a registered one; docs/engines.md). Default: the config's")
     return parser
 
 
@@ -138,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg.run.prompts_per_step = args.prompts_per_step
     if args.samples_per_prompt:
         cfg.run.samples_per_prompt = args.samples_per_prompt
+    if args.engine:
+        from hacrl_fed.worker.engines import require_engine
+
+        try:
+            require_engine(args.engine)
+        except ImportError as err:
+            parser.error(f"--engine: {err}")
+        for agent in cfg.agents:
+            agent.model.engine = args.engine
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()] or [
         r for r in RECIPES if suite or r not in ALGO]
     unknown = [r for r in recipes if r not in RECIPES]

@@ -13,3 +13,15 @@ def test_batched_and_per_sample_on_a_tiny_model(tiny_llama, bench):
     for side in ("batched", "per_sample"):
         assert 0 < r[f"{side}_tokens"] <= 3 * 5 and r[f"{side}_s"] >= 0
     assert r["speedup"] > 0
+
+
+def test_two_engines_side_by_side_on_a_tiny_model(tiny_llama, bench):
+    proc = bench("bench_generation.py", "--engines", "hf", "loop", "--model", tiny_llama, "--prompts", "2",
+                 "--max-new-tokens", "4", "--temperature", "0", "--reps", "2", "--threads", "1", "--markdown")
+    lines = proc.stdout.strip().splitlines()
+    r = json.loads(lines[0])
+    assert (r["sequences"], r["max_new_tokens"], r["temperature"], r["pairs"]) == (2, 4, 0.0, 2)
+    assert r["hf_tokens"] == r["loop_tokens"] and all(0 < t <= 2 * 4 for t in r["hf_tokens"])   # greedy: same tokens
+    assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"] and r["cpu_ratio"] > 0
+    assert set(r["hf_parts_s"]) == {"prefill", "decode", "logprobs", "rest"} and r["hf_parts_s"]["decode"] > 0
+    assert r["loop_parts_s"]["logprobs"] == 0 and any(line.startswith("| ") and "×" in line for line in lines[1:])
