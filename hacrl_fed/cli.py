@@ -229,7 +229,8 @@ def eval_cmd(
     stop: list[str] | None = typer.Option(None, "--stop", help="A string that ends a response (repeat for more; "
                                           "--stop '' for none). Default: an export's stop strings, else the "
                                           "template's (\"\\nQuestion:\" under the plain template)."),
-    answer_style: str | None = typer.Option(None, "--answer-style", help="boxed | gsm8k (default: from the data)"),
+    answer_style: str | None = typer.Option(None, "--answer-style", help="A registered answer style: boxed, gsm8k or one a "
+                                        "module registers (docs/extending.md; default: from the data)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
                                  "instead of the readable table."),
