@@ -298,6 +298,10 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
     ctx.ids.verified([item], {item.agent: entry})
     _flush_eval_once_known(ctx)
     reconcile(entry, ctx.state.trained_steps.setdefault(item.agent, []), plan.step)
+    lost, late = len(entry.reconciled.get("rolled_back", [])), len(entry.reconciled.get("trained_late", []))
+    if lost or late:   # every total the operator sees says what the weights hold (as sync mode's _totals)
+        ctx.state.add_totals(item.agent, steps_trained=float(late - lost), steps_rolled_back=float(lost),
+                             steps_trained_late=float(late))
     entry.verification = verification
     ctx.tracker.update({item.agent: verification.accuracy}, {item.agent: verification.task_accuracy})
     ctx.accuracy[item.agent] = verification.accuracy
