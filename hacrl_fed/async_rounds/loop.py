@@ -80,6 +80,8 @@ class _Site:
     done: bool = False
     eval_due: int = 0
     """Set: a held-out evaluation after this many own updates is its next order."""
+    unconfirmed: bool = False
+    """Its last update was recorded as not trained and no later batch of its agent has been reconciled since."""
 
 
 @dataclass
@@ -150,8 +152,13 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
     state.elapsed_s += setup.clock() - t0
     _flush_eval(setup, state, metrics, ctx.ids)   # a site that never delivered a batch stays unverified@<node>
     _final_eval(ctx)
+    short = _ended_short(ctx)
+    for agent, why in short.items():
+        log.warning("%s ended short: %d of %d updates (%s)%s", agent, why["updates"], run.steps, why["why"],
+                    "; its last update's record is unconfirmed" if why["last_unconfirmed"] else "")
     _commit(setup, state, metrics, _run_end(state, metrics) | {"mode": "async", "updates": ctx.updates,
-                                                                 "pool_evicted": ctx.pool.evicted})
+                                                                 "pool_evicted": ctx.pool.evicted,
+                                                                 "ended_short": short})
     if metrics.mirror is not None:
         metrics.mirror.close()
     log.info("asynchronous run %s finished: updates per agent %s", run.run_id, ctx.updates)
@@ -294,7 +301,7 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
         return
     if holder is not None:
         holder.agent, holder.held = "", None   # the agent moved to this node (a restart)
-    site.agent, site.misses = item.agent, 0
+    site.agent, site.misses, site.unconfirmed = item.agent, 0, False
     ctx.ids.verified([item], {item.agent: entry})
     _flush_eval_once_known(ctx)
     reconcile(entry, ctx.state.trained_steps.setdefault(item.agent, []), plan.step)
@@ -328,6 +335,7 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
     plan = pb.RoundPlan.FromString(plan_b)
     delivery = site.delivery or Delivery()
     train_outcome(entry, reply, plan, pool={b.agent for b in delivery.batches} | {item.agent})
+    site.unconfirmed = entry.status != "trained"
     if entry.status != "trained":
         site.misses += 1
         site.notice = f"your update of plan {plan.step} is recorded as not trained: {entry.detail}"[:500]
@@ -348,7 +356,8 @@ def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:
     if entry.status == "trained" and (own == run.steps or (run.eval_every and own % run.eval_every == 0)):
         site.eval_due = own if ctx.setup.held_out else 0
     if run.async_steps == "slowest" and not ctx.stopping:
-        ctx.stopping = all((s.agent and ctx.updates.get(s.agent, 0) >= run.steps) or s.misses >= MAX_MISSES
+        ctx.stopping = all((s.agent and (ctx.updates.get(s.agent, 0) >= run.steps
+                                         or _rolled_back(ctx, s.agent))) or s.misses >= MAX_MISSES
                            for s in _online_trainers(ctx))
         if ctx.stopping:
             log.info("every site made %d updates: the run stops after the orders in flight", run.steps)
@@ -385,10 +394,34 @@ def _record_eval(ctx: _Run, site: _Site, own: int, replies: dict[int, Reply], ev
 
 
 def _site_done(ctx: _Run, agent: str) -> bool:
-    """``agent`` needs no more orders: ``each`` — it made ``run.steps`` updates; ``slowest`` — every site has."""
+    """``agent`` needs no more orders: ``each`` — it made ``run.steps`` updates, or lost that many to roll-backs
+    (:func:`_rolled_back`); ``slowest`` — every site has."""
     if ctx.setup.run.async_steps == "slowest":
         return ctx.stopping
-    return bool(agent) and ctx.updates.get(agent, 0) >= ctx.setup.run.steps
+    return bool(agent) and (ctx.updates.get(agent, 0) >= ctx.setup.run.steps or _rolled_back(ctx, agent))
+
+
+def _rolled_back(ctx: _Run, agent: str) -> bool:
+    """``agent``'s weights lost ``run.steps`` of its recorded updates in this run (roll-backs, recorded in its
+    totals as ``steps_rolled_back``): a site whose weights do not keep its updates (a restart loop, a worker that
+    reports step 0 after every update) gets no more orders, so it cannot keep the run going forever."""
+    return ctx.state.totals.get(agent, {}).get("steps_rolled_back", 0) >= ctx.setup.run.steps
+
+
+def _ended_short(ctx: _Run) -> dict[str, dict[str, Any]]:
+    """The training sites that end the run with fewer than ``run.steps`` updates: their updates, why (``roll-backs``
+    or ``missed orders``), their roll-backs, and whether their last update's record is unconfirmed (recorded as
+    not trained, and no later batch of theirs said what their weights hold)."""
+    out = {}
+    for site in ctx.sites.values():
+        agent = site.agent
+        if not agent or agent not in ctx.learners() or ctx.updates.get(agent, 0) >= ctx.setup.run.steps:
+            continue
+        out[agent] = {"updates": ctx.updates.get(agent, 0), "why": "roll-backs" if _rolled_back(ctx, agent)
+                      else "missed orders", "misses": site.misses,
+                      "rolled_back": int(ctx.state.totals.get(agent, {}).get("steps_rolled_back", 0)),
+                      "last_unconfirmed": site.unconfirmed}
+    return out
 
 
 def _final_eval(ctx: _Run) -> None:

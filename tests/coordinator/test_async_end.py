@@ -38,4 +38,27 @@ def test_run_end_totals_equal_what_the_weights_hold_after_a_roll_back(tmp_path, 
     assert len(sites[2].trained) == 5                                    # one update made twice
     for agent in ("alice", "bob", "carol"):
         assert end["totals"][agent]["steps_trained"] == len(state.trained_steps[agent]) == end["updates"][agent] == 4
-    assert end["totals"]["carol"]["steps_rolled_back"] == 1
+    assert end["totals"]["carol"]["steps_rolled_back"] == 1 and end["ended_short"] == {}
+
+
+def test_a_site_whose_weights_never_keep_an_update_cannot_keep_the_run_going(tmp_path, federation):
+    class Forgetful(FakeSite):
+        """Reports ``state/trained_step = 0`` after every update."""
+
+        def generate_metrics(self):
+            return {"courier/worker_s": 0.02, "state/trained_step": 0.0}
+
+        def generate(self, plan):
+            self.weights_step = 0
+            return super().generate(plan)
+
+    sites = fleet(federation, slow=0.0)
+    sites[2] = Forgetful("carol", federation.keys["carol"])
+    setup = make_setup(tmp_path, federation, steps=3)
+    state = run_to_end(setup, sites)
+    end = read(setup, "run_end")[-1]
+    assert end["updates"]["alice"] == end["updates"]["bob"] == 3
+    assert end["totals"]["carol"]["steps_rolled_back"] == 3             # bounded: run.steps roll-backs
+    assert end["totals"]["carol"]["steps_trained"] == len(state.trained_steps["carol"]) == end["updates"]["carol"]
+    assert end["ended_short"]["carol"]["why"] == "roll-backs"
+    assert end["ended_short"]["carol"]["rolled_back"] == 3
