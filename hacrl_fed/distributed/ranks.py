@@ -8,7 +8,6 @@ sharded"). The likelihood screen's weights (``row_gate``) are computed once, by 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +61,8 @@ class UpdateJob:
     gated: bool
     train_mode: bool
     rng_state: torch.Tensor
+    cuda_rng_state: torch.Tensor | None = None
+    """Rank 0's CUDA generator state (dropout on a GPU draws from it), None on a CPU."""
 
 
 class RankState:
@@ -93,6 +94,8 @@ class RankState:
         """Run the job's update on this rank's shards. Rank 0 passes its screens' ``row_gate`` (its weights are
         broadcast); the other ranks receive them. Returns the update's metrics (the same on every rank)."""
         torch.set_rng_state(job.rng_state)
+        if job.cuda_rng_state is not None:
+            torch.cuda.set_rng_state(job.cuda_rng_state)
         gate = None
         if job.gated:
             gate = _broadcasting_gate(row_gate) if row_gate is not None else _received_gate
@@ -146,10 +149,3 @@ def _received_gate(rows, sums):
     if isinstance(weights, str):
         raise RuntimeError(f"rank 0's row gate failed: {weights}")
     return weights
-
-
-def timed(fn, *args) -> tuple[Any, float]:
-    """``fn(*args)`` and its wall time in seconds."""
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t0

@@ -148,7 +148,8 @@ class ShardedSite:
         this rank's :attr:`model`, :attr:`optimizer` and :attr:`ref_model`), then the full weights into the plain
         model. Adds ``time/gather_weights_s`` to the metrics. Raises :class:`RankFailure` if a rank fails."""
         job = UpdateJob(list(rows), [float(a) for a in advantages], dict(ratios), algo, optim, kwargs,
-                        gated=row_gate is not None, train_mode=bool(model.training), rng_state=torch.get_rng_state())
+                        gated=row_gate is not None, train_mode=bool(model.training), rng_state=torch.get_rng_state(),
+                        cuda_rng_state=torch.cuda.get_rng_state() if self.device.type == "cuda" else None)
         metrics = self._run("update", job, lambda: self.state.update(job, row_gate=row_gate, on_update=on_update))
         t0 = time.perf_counter()
         self.pull_weights()
