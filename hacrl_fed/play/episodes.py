@@ -27,7 +27,7 @@ from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.play.evaluate import ProblemResult
 
 __all__ = ["EpisodeRenderer", "EpisodeSample", "episode_metrics", "episode_prompt_ids", "episode_rollout", "episode_specs",
-           "episode_template_of", "evaluate_episodes", "is_episodic", "own_episode_rows", "play_episodes", "turn_seed"]
+           "episode_template_of", "evaluate_episodes", "own_episode_rows", "play_episodes", "turn_seed"]
 
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 
@@ -181,26 +181,6 @@ def episode_rollout(ep: EpisodeSample, prompt: pb.PromptItem, reward: float, ver
 
 
 # ---------------------------------------------------------------------- the worker's glue
-
-
-def is_episodic(prompts: Sequence[pb.PromptItem]) -> bool:
-    """The prompts are episodes (all of them; a plan mixing episodes and one-shot prompts is refused by the
-    worker's request checks)."""
-    return bool(prompts) and all(p.HasField("episode") for p in prompts)
-
-
-def first_user_text(prompt: pb.PromptItem | None) -> str | None:
-    """The text of a prompt's first user turn: an episode's first observation (its environment made and reset),
-    a one-shot prompt's text; ``None`` for no prompt or an episode whose environment cannot be made (the export
-    then shows :data:`~hacrl_fed.data.prompts.EXAMPLE_PROBLEM`)."""
-    if prompt is None:
-        return None
-    if not prompt.HasField("episode"):
-        return prompt.text
-    try:
-        return make_env(EpisodeSpec.from_proto(prompt.episode)).reset()
-    except ValueError:
-        return None
 
 
 def episode_specs(prompts: Sequence[pb.PromptItem]) -> list[Any]:

@@ -11,6 +11,8 @@ log. It reads nothing itself: :mod:`hacrl_fed.launch.simulate` calls it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,41 @@ def update_line(rec: dict[str, Any], steps: int) -> str:
             f"{rec.get('order_s', 0.0):.0f} s): peer rows {peers}; staleness {lags}; dropped as stale {dropped}{status}")
 
 
+@dataclass(frozen=True)
+class RowLabels:
+    """How the progress view speaks of a run's rows: one-shot problems, or multi-turn episodes (docs/multi-turn.md).
+    One of :data:`ONE_SHOT_LABELS` and :data:`EPISODE_LABELS`, picked once per run by :func:`row_labels`."""
+
+    unit: str
+    """What the held-out evaluation counts (``problems``, ``episodes``)."""
+    score: str
+    """What avg@1 measures (``accuracy``; ``success``: the share of episodes solved)."""
+    budget_column: str
+    """The header of the per-agent token budget column."""
+    budget: Callable[[Any], int]
+    """A ``ModelConfig`` → the token budget of one row (an episode row is a whole episode: ``max_episode_tokens``)."""
+    per_turn: Callable[[Any], str]
+    """A ``DataConfig`` → what the caption adds after ``max_new_tokens`` (the turn limit of an episode)."""
+    eval_detail: Callable[[dict], str]
+    """An agent's evaluation metrics → what follows its avg@1 (an episode's mean reward)."""
+
+
+ONE_SHOT_LABELS = RowLabels(unit="problems", score="accuracy", budget_column="max resp tokens",
+                            budget=lambda model: model.max_response_tokens, per_turn=lambda data: "",
+                            eval_detail=lambda m: "")
+EPISODE_LABELS = RowLabels(unit="episodes", score="success", budget_column="max episode tokens",
+                           budget=lambda model: model.max_episode_tokens,
+                           per_turn=lambda data: f" per turn, at most {data.max_turns} turns",
+                           eval_detail=lambda m: f" (mean reward {_num(m.get('reward_mean'), '.3f')})")
+_LABELS_OF_SOURCE = {"episodes": EPISODE_LABELS}
+
+
+def row_labels(source: str) -> RowLabels:
+    """The labels of a run whose ``data.source`` is ``source``: :data:`EPISODE_LABELS` for ``episodes``, else
+    :data:`ONE_SHOT_LABELS`."""
+    return _LABELS_OF_SOURCE.get(source, ONE_SHOT_LABELS)
+
+
 class SimulationView:
     """Progress display of one simulated run (a context manager; ``enabled=False`` prints lines only)."""
 
@@ -133,8 +170,8 @@ class SimulationView:
         self.run_dir = run_dir
         self.console = console or Console()
         self.steps = cfg.run.steps
-        self.episodes = cfg.run.data.source == "episodes"
-        self.unit = "episodes" if self.episodes else "problems"   # what the held-out evaluation counts
+        self.rows = row_labels(cfg.run.data.source)
+        self.unit = self.rows.unit
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.tasks: dict[str, TaskID] = {}
@@ -151,13 +188,12 @@ class SimulationView:
     def _header(self) -> Table:
         run = self.cfg.run
         table = Table(title=f"hacrl-fed simulate → {self.run_dir}", title_justify="left")
-        episodes = run.data.source == "episodes"   # a row is a whole episode: its budget is max_episode_tokens
-        for col in ("agent", "model", "device", "algo", "lr", "max episode tokens" if episodes else "max resp tokens"):
+        for col in ("agent", "model", "device", "algo", "lr", self.rows.budget_column):
             table.add_column(col)
         for a in self.cfg.agents:
             table.add_row(a.name, a.model.name_or_path, a.model.device, a.algo.name, f"{a.optim.lr:g}",
-                          str(a.model.max_episode_tokens if episodes else a.model.max_response_tokens))
-        per_turn = f" per turn, at most {run.data.max_turns} turns" if episodes else ""
+                          str(self.rows.budget(a.model)))
+        per_turn = self.rows.per_turn(run.data)
         table.caption = (f"{run.steps} steps · B={run.prompts_per_step} prompts × G={run.samples_per_prompt} samples · "
                          f"max_new_tokens {run.sampling.max_new_tokens}{per_turn} · T={run.sampling.temperature:g} · data "
                          f"{run.data.source} ({_held_out(run.data)}) · {'TLS' if self.cfg.tls else 'insecure'} loopback")
@@ -224,11 +260,10 @@ class SimulationView:
         key = "eval/0" if step == 0 else "eval/end" if step >= self.steps else f"eval/{step}"
         self._done(key)
         accs = " | ".join(f"{n} {m['error']}" if "error" in m else f"{n} {_num(m.get('avg@1'), '.3f')}"
-                          + (f" (mean reward {_num(m.get('reward_mean'), '.3f')})" if self.episodes else "")
+                          + self.rows.eval_detail(m)
                           for n, m in sorted(rec.get("agents", {}).items()))
         when = "before training" if step == 0 else f"after step {step}"
-        what = "success" if self.episodes else "accuracy"   # an episode's avg@1 is the share it solved (won)
-        self.message(f"held-out {what} {when} ({rec.get('prompts', 0)} {self.unit}, greedy, "
+        self.message(f"held-out {self.rows.score} {when} ({rec.get('prompts', 0)} {self.unit}, greedy, "
                      f"{rec.get('eval_s', 0):.0f} s): {accs}")
         if step < self.steps:
             self._task("steps", "steps", total=self.steps, completed=step)

@@ -24,10 +24,7 @@ from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.protocol.plans import PlanError, check_peer_plans
 from hacrl_fed.reward import Verifier
-from hacrl_fed.envs import EpisodeSpec, env_ids, make_env
-from hacrl_fed.protocol.episodes import EPISODE_STYLE
 from hacrl_fed.tokenization.episodes import EpisodeTemplate
-from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.views import encode_response_text
 from hacrl_fed.v1 import rollout_pb2 as pb
@@ -37,10 +34,9 @@ from hacrl_fed.checkpoints.store import CheckpointError, CheckpointManager, Trai
 from hacrl_fed.rollout.engine import Sampling, eos_token_ids
 from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
-from hacrl_fed.play.episodes import (EpisodeSample, episode_metrics, episode_prompt_ids, episode_rollout,
-                                     episode_specs, episode_template_of, evaluate_episodes, first_user_text,
-                                     is_episodic, play_episodes)
-from hacrl_fed.play.evaluate import EvalItem, evaluate_items, summarize
+from hacrl_fed.play.episodes import episode_template_of
+from hacrl_fed.play.evaluate import summarize
+from hacrl_fed.worker.kinds import MAX_ID_CHARS, claimed_kind, plan_kind, sample_kind
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
@@ -58,9 +54,6 @@ MAX_PROMPTS = 4096
 """Prompts of one request, at most."""
 MAX_PROMPT_CHARS = 100_000
 """Characters of one problem statement, at most."""
-MAX_ID_CHARS = 256
-"""Characters of a prompt id or run id, at most."""
-_FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 _VERDICT = {"correct": pb.CORRECT, "incorrect": pb.INCORRECT, "verifier_error": pb.VERIFIER_ERROR}
 
 
@@ -129,8 +122,9 @@ def train_summary(report: pb.TrainReport) -> str:
 
 
 def _check_prompts(prompts) -> None:
-    """Raises InvalidRequestError for no prompts, too many, empty/duplicate/overlong ids, empty or overlong
-    text, an unknown answer style."""
+    """Raises InvalidRequestError for no prompts, too many, empty/duplicate/overlong ids, a mix of kinds, overlong
+    text, or a prompt its kind refuses (:meth:`~hacrl_fed.worker.kinds.OneShot.check_prompt`: no text, an unknown
+    answer style; :meth:`~hacrl_fed.worker.kinds.Episodes.check_prompt`)."""
     if not prompts:
         raise InvalidRequestError("the request has no prompts")
     if len(prompts) > MAX_PROMPTS:
@@ -138,38 +132,12 @@ def _check_prompts(prompts) -> None:
     ids = [p.prompt_id for p in prompts]
     if any(not i or len(i) > MAX_ID_CHARS for i in ids) or len(set(ids)) != len(ids):
         raise InvalidRequestError(f"prompt ids must be non-empty, unique and at most {MAX_ID_CHARS} characters")
-    if len({p.HasField("episode") for p in prompts}) > 1:
-        raise InvalidRequestError("a request mixes episodes and one-shot prompts")
+    plan_kind(prompts)   # one kind per request
     for p in prompts:
         if len(p.text) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
                                       f"{MAX_PROMPT_CHARS} are allowed")
-        if p.HasField("episode") or p.answer_style == EPISODE_STYLE:
-            _check_episode_prompt(p)
-            continue
-        if not p.text.strip():
-            raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
-        if p.answer_style and not is_answer_style(p.answer_style):
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style[:80]!r}")
-        if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
-                                      f"{MAX_ID_CHARS} characters")
-
-
-def _check_episode_prompt(p) -> None:
-    """An episode prompt (docs/multi-turn.md): style ``episode``, an environment instance this site can make
-    (``hacrl_fed.envs.EpisodeSpec`` bounds, a registered environment), no text or reference answer. Raises
-    InvalidRequestError."""
-    if not p.HasField("episode") or p.answer_style != EPISODE_STYLE or p.text or p.reference_answer:
-        raise InvalidRequestError(f"prompt {p.prompt_id!r}: an episode needs answer_style {EPISODE_STYLE!r}, an "
-                                  "episode and no text or reference answer")
-    try:
-        spec = EpisodeSpec.from_proto(p.episode)
-    except ValueError as err:
-        raise InvalidRequestError(f"prompt {p.prompt_id!r}: {err}") from None
-    if spec.env_id not in env_ids():
-        raise InvalidRequestError(f"prompt {p.prompt_id!r}: environment {spec.env_id[:80]!r} is not known here "
-                                  f"(known: {', '.join(sorted(env_ids()))})")
+        claimed_kind(p).check_prompt(p)
 
 
 def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
@@ -369,17 +337,14 @@ class AgentWorker:
         return self._render(list(todo.values()))
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
-        if is_episodic(prompts):   # the first observation of each episode (docs/multi-turn.md)
-            try:
-                return episode_prompt_ids(self.episode_template, prompts)
-            except ValueError as err:
-                raise InvalidRequestError(f"episode: {err}") from None
+        return plan_kind(prompts).render(self, prompts)
+
+    def render_text(self, text: str) -> tuple[int, ...]:
+        """The site's rendering of a one-shot prompt's text: its chat template, system prompt and prompt cap."""
         m = self.cfg.model
         literal = partial(encode_response_text, self.tokenizer)  # the plan's text never writes a turn boundary
-        return {p.prompt_id: tuple(render_prompt(self.tokenizer, p.text, system_prompt=m.system_prompt,
-                                                 template=m.chat_template, max_tokens=m.max_prompt_tokens,
-                                                 literal=literal))
-                for p in prompts}
+        return tuple(render_prompt(self.tokenizer, text, system_prompt=m.system_prompt, template=m.chat_template,
+                                   max_tokens=m.max_prompt_tokens, literal=literal))
 
     def close(self) -> None:
         """Stop the verifier processes (unless the verifier was passed in by the caller) and release the
@@ -442,17 +407,8 @@ class AgentWorker:
             n = plan.samples_per_prompt * self.cfg.algo.rollout_multiplier
             seed = generation_seed(plan.sampling.seed, plan.step, self.name)
             with self.status.phase("generating", step=plan.step, rollouts=n * len(order)), self.tokens.counting():
-                if is_episodic(plan.prompts):   # played to the end: the environment's reward is the verdict
-                    samples = play_episodes(self.engine, self.episode_template, make_env, episode_specs(plan.prompts),
-                                            n, sampling, seed, max_episode_tokens=self.cfg.model.max_episode_tokens)
-                    t_gen = time.perf_counter()
-                    verdicts = [(s.reward, pb.CORRECT if s.reward >= 1.0 else pb.INCORRECT) for s in samples]
-                    verifier_counts = episode_metrics(samples)
-                else:
-                    samples = self.engine.generate([prompt_ids[i] for i in order], n, sampling, seed)
-                    t_gen = time.perf_counter()
-                    self.status.set("verifying", step=plan.step, rollouts=len(samples))
-                    verdicts, verifier_counts = self._verify(plan.prompts, samples)
+                samples, verdicts, verifier_counts, t_gen = plan_kind(plan.prompts).generate(
+                    self, plan, prompt_ids, order, n, sampling, seed)
             t_ver = time.perf_counter()
             batch = self._batch(plan, sampling, order, samples, verdicts)
             envelope = sign_batch(_published(batch, plan.samples_per_prompt), self.key, self.name)
@@ -489,14 +445,7 @@ class AgentWorker:
             sampling=pb.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                        max_new_tokens=sampling.max_new_tokens, seed=plan.sampling.seed))
         for s, (reward, verdict) in zip(samples, verdicts):
-            if isinstance(s, EpisodeSample):
-                batch.rollouts.append(episode_rollout(s, plan.prompts[s.prompt_index], reward, verdict))
-                continue
-            r = batch.rollouts.add(prompt_id=order[s.prompt_index], sample_index=s.sample_index, response_text=s.text,
-                                   reward=reward, verdict=verdict, behaviour_logprob_sum=s.logprob_sum,
-                                   behaviour_token_count=s.token_count, finish_reason=_FINISH[s.finish_reason])
-            if s.eos_logprob is not None:
-                r.behaviour_eos_logprob = s.eos_logprob
+            sample_kind(s).add_rollout(batch, s, plan.prompts, order, reward, verdict)
         return batch
 
     def train(self, req: wpb.TrainRequest) -> pb.TrainReport:
@@ -557,19 +506,9 @@ class AgentWorker:
         if k > MAX_SAMPLES_PER_PROMPT:
             raise InvalidRequestError(f"samples must be <= {MAX_SAMPLES_PER_PROMPT}, got {k}")
         sampling = sampling_from_proto(req.sampling, self.sampling_defaults.max_new_tokens)
-        items = [EvalItem(p.prompt_id, p.text, p.reference_answer, p.answer_style or "boxed") for p in req.prompts]
-        m = self.cfg.model
-        with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(items)), \
+        with self.lock, self.status.phase("evaluating", step=self.trainer.step, problems=len(req.prompts)), \
                 self.tokens.counting():
-            if is_episodic(req.prompts):   # one episode per sample, won or not (docs/multi-turn.md)
-                results = evaluate_episodes(self.engine, self.episode_template, req.prompts, samples=k,
-                                            sampling=sampling, seed=req.sampling.seed,
-                                            max_episode_tokens=m.max_episode_tokens)
-            else:
-                results = evaluate_items(self.engine, self.tokenizer, self.verifier, items, samples=k,
-                                         sampling=sampling, seed=req.sampling.seed, system_prompt=m.system_prompt,
-                                         template=m.chat_template, max_prompt_tokens=m.max_prompt_tokens,
-                                         chunk_prompts=max(1, self.engine.max_batch_sequences // k))
+            results = plan_kind(req.prompts).evaluate(self, req.prompts, k, sampling, req.sampling.seed)
         resp = wpb.EvaluateResponse(metrics=summarize(results))
         log.info("held-out evaluation %s: %s",
                  "before training" if self.trainer.step == 0 else f"after step {self.trainer.step}",
@@ -613,7 +552,7 @@ class AgentWorker:
                 m = self.cfg.model
                 prompt = prompt_record(self.tokenizer, system_prompt=m.system_prompt, template=m.chat_template,
                                        stop=m.stop, eos_token_ids=eos_token_ids(self.model, self.tokenizer),
-                                       example=first_user_text(self._example_prompt))
+                                       example=_example_text(self._example_prompt))
                 return wpb.CheckpointResponse(path=str(export_hf(self.model, self.tokenizer, out, prompt=prompt)),
                                               step=step)
             path = self._save(target)
@@ -626,6 +565,12 @@ def _show_notice(notice: str) -> None:
     if notice:
         text = "".join(c if c.isprintable() else " " for c in notice[:500])
         log.warning("coordinator: %s", text)
+
+
+def _example_text(prompt: pb.PromptItem | None) -> str | None:
+    """The text of a played prompt's first user turn (its kind's :meth:`~hacrl_fed.worker.kinds.OneShot.example_text`),
+    ``None`` for no prompt: the export then shows :data:`~hacrl_fed.data.prompts.EXAMPLE_PROBLEM`."""
+    return None if prompt is None else claimed_kind(prompt).example_text(prompt)
 
 
 def _published(batch: pb.RolloutBatch, samples_per_prompt: int) -> pb.RolloutBatch:

@@ -39,12 +39,12 @@ from hacrl_fed.protocol.plans import Catalogue, async_metrics, catalogue, check_
 from hacrl_fed.reward.functions import WeightedRewards, weighted_rewards
 from hacrl_fed.screens import SiteGuard
 from hacrl_fed.tokenization.retokenize import drift_stats
-from hacrl_fed.tokenization.episodes import EpisodeTemplate, foreign_episode_row
-from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
+from hacrl_fed.tokenization.episodes import EpisodeTemplate
+from hacrl_fed.tokenization.views import TrainingRow
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
-from hacrl_fed.play.episodes import EpisodeSample, own_episode_rows
 from hacrl_fed.worker.errors import PreconditionError
+from hacrl_fed.worker.kinds import KINDS, rollout_kind, rollouts_kind, sample_kind, split_by_kind
 
 __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
 
@@ -319,10 +319,7 @@ class Trainer:
         texts = {key: s.text for key, s in own.samples.items()}
         guard.begin_step(own.step, texts)
         guard.reverify(foreign, cat.prompts, rewards)
-        if any(r.turns for rollouts in foreign.values() for r in rollouts):
-            return guard.pass_episodes(foreign, rewards)   # replayed above; the text screens read one-shot rows
-        return guard.screen_text(foreign, texts, {pid: p.answer_style for pid, p in cat.prompts.items()}, rewards,
-                                 {pid: p.text for pid, p in cat.prompts.items()})
+        return rollouts_kind(foreign).screen(guard, foreign, texts, cat.prompts, rewards)
 
     def _training_rewards(self, own: StepRollouts, cat: Catalogue, foreign: Mapping[str, list],
                           rewards: dict[RowKey, float]) -> tuple[dict, dict[str, float]]:
@@ -352,19 +349,11 @@ class Trainer:
         Rows left without a response token are
         dropped and counted; so are foreign rows cut by ``max_response_tokens`` in the learner's tokens
         (their source sum covers text the learner view lacks: no consistent ratio), per source."""
-        episodes = {key: s for key, s in own.samples.items() if isinstance(s, EpisodeSample)}
-        own_rows = [
-            own_row(prompt_id=pid, sample_index=idx, agent=self.agent, prompt_ids=own.prompt_ids[pid],
-                    response_ids=s.response_ids, reward=rewards[(self.agent, pid, idx)],
-                    behaviour_logprob_sum=s.logprob_sum, finish_reason=s.finish_reason,
-                    max_response_tokens=self.max_response_tokens, behaviour_token_logprobs=s.token_logprobs)
-            for (pid, idx), s in own.samples.items() if (pid, idx) not in episodes
-        ] + own_episode_rows(episodes, {k: rewards[(self.agent, *k)] for k in episodes}, self.agent,
-                             self.max_episode_tokens)
-        rows = build_rows(self.tokenizer, cat.prompt_ids, own_rows,
-                          {a: [r for r in rs if not r.turns] for a, rs in foreign.items()}, self.max_response_tokens,
-                          rewards=rewards, separator=self.response_separator)
-        rows += self._foreign_episode_rows(foreign, rewards)
+        own_by_kind = split_by_kind(own.samples.items(), lambda item: sample_kind(item[1]))
+        rows = [row for kind in KINDS for row in kind.own_rows(self, own.prompt_ids, dict(own_by_kind[kind]), rewards)]
+        for kind in KINDS:
+            rows += kind.foreign_rows(self, cat.prompt_ids, {a: split_by_kind(rs, rollout_kind)[kind]
+                                                             for a, rs in foreign.items()}, rewards)
         kept = [r for r in rows if r.response_ids]   # e.g. a LENGTH response made only of special tokens
         cut: dict[str, int] = {src: 0 for src in foreign}
         for r in kept:
@@ -372,17 +361,6 @@ class Trainer:
                 cut[r.source_agent] += 1
         usable = [r for r in kept if r.is_own or not r.truncated]
         return usable, len(rows) - len(kept), cut
-
-    def _foreign_episode_rows(self, foreign: Mapping[str, list], rewards: Mapping) -> list[TrainingRow]:
-        """Peers' episodes re-rendered in the learner's template (docs/multi-turn.md), sources in sorted order."""
-        todo = [(a, r) for a in sorted(foreign) for r in foreign[a] if r.turns]
-        if not todo:
-            return []
-        if self.episode_template is None:
-            raise ValueError("peer episodes reached a learner without an episode template")
-        template = self.episode_template()
-        return [foreign_episode_row(template, r, a, self.max_episode_tokens,
-                                    reward=rewards.get((a, r.prompt_id, r.sample_index))) for a, r in todo]
 
     def _ratios(self, table: pb.CapabilityTable, sources: list[str], rejected: list[str]) -> dict[str, float]:
         """r_{j→k} for every foreign source j with a usable capability (1 during warm-up), from the
