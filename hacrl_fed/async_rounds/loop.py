@@ -3,7 +3,8 @@
 Every site generates and trains at its own pace; no site waits for another. Per site, as :func:`run_async` runs it::
 
     generate order: the newest plan the site has not answered (a new plan when it answered the newest)
-    its batch     = validated (signature, run, step, ids, numbers, model_version < step), re-verified
+    its batch     = validated (signature, run, step, ids, numbers, model_version < step and not above the step the
+                    site reports for its weights: no batch is fresher than its weights), re-verified
                     (the coordinator's verdict wins), its accuracy appended to the agent's capability window,
                     kept in the pool (AsyncPool) with its model_version and arrival time
     train order   = its own batch + every peer batch it has not had that is not stale (the source trained
@@ -41,7 +42,8 @@ from hacrl_fed.coordinator.rounds import (Identities, Node, Order, Reply, Setup,
                                           _exchange, _flush_eval, _maybe_evaluate, _run_end, _wait_for_agents,
                                           restore, rollout_only, state_terms)
 from hacrl_fed.coordinator.state import MAX_TRAINED_STEPS, CoordinatorState, MetricsLog, save_state
-from hacrl_fed.coordinator.step_record import (AgentStep, collect_batches, eval_record, eval_request, reconcile,
+from hacrl_fed.coordinator.step_record import (TRAINED_STEP_METRIC, AgentStep, collect_batches, eval_record,
+                                               eval_request, reconcile,
                                                refuse_replay_mismatches,
                                                train_outcome)
 from hacrl_fed.protocol.site_reply import SiteReply
@@ -282,6 +284,10 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
     if item is not None and not item.batch.HasField("model_version"):
         item, entry.status, entry.reason = None, "rejected", "no_model_version"
         entry.detail = "batch without model_version: the site's hacrl-fed predates asynchronous rounds"
+    if item is not None and int(item.batch.model_version) > _weights_step(ctx, entry):
+        entry.detail = (f"signed model_version {int(item.batch.model_version)} is above the step its weights hold "
+                        f"({_weights_step(ctx, entry)}): a batch cannot be fresher than the weights that made it")
+        item, entry.status, entry.reason = None, "rejected", "model_version_ahead"
     holder = next((s for s in ctx.sites.values() if s is not site and s.agent == entry.agent and s.agent), None)
     if item is not None and holder is not None and holder.node.node_id in {n.node_id for n in
                                                                              _eligible(ctx.setup, ctx.transport)}:
@@ -325,6 +331,15 @@ def _take_batch(ctx: _Run, site: _Site, reply: Reply, plan_b: bytes) -> None:
     if _site_done(ctx, site.agent):
         site.done, site.held = True, None
     _commit(ctx.setup, ctx.state, ctx.metrics, _batch_record(ctx, plan, entry, item, now))
+
+
+def _weights_step(ctx: _Run, entry: AgentStep) -> int:
+    """The newest step the agent's weights can hold: the step it reports with the batch (``state/trained_step``),
+    else the newest the coordinator recorded as trained there (0 before any)."""
+    reported = entry.generate.get(TRAINED_STEP_METRIC)
+    if reported is not None and float(reported).is_integer() and 0 <= reported <= ctx.state.step:
+        return int(reported)
+    return max(ctx.state.trained_steps.get(entry.agent, []), default=0)
 
 
 def _trained(ctx: _Run, site: _Site, reply: Reply) -> None:

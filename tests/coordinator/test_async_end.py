@@ -62,3 +62,30 @@ def test_a_site_whose_weights_never_keep_an_update_cannot_keep_the_run_going(tmp
     assert end["totals"]["carol"]["steps_trained"] == len(state.trained_steps["carol"]) == end["updates"]["carol"]
     assert end["ended_short"]["carol"]["why"] == "roll-backs"
     assert end["ended_short"]["carol"]["rolled_back"] == 3
+
+
+def test_a_batch_signed_fresher_than_its_weights_is_not_pooled(tmp_path, federation):
+    """carol signs every batch with the newest model_version the plan allows (step − 1) while it reports step 0 for
+    its weights: with max_staleness = 0 such a batch would pass as fresh. It is refused, the site told, and no
+    learner gets it."""
+    class Ahead(FakeSite):
+        def generate(self, plan):
+            self.generated.append(plan.step)
+            self.weights_step = 0                          # what it reports (state/trained_step)
+            from hostile import envelope_bytes, honest_batch
+            batch = honest_batch(plan, self.name)
+            batch.model_version = plan.step - 1
+            return envelope_bytes(batch, self.keys.own)
+
+    sites = fleet(federation, slow=0.0)
+    sites[2] = Ahead("carol", federation.keys["carol"])
+    setup = make_setup(tmp_path, federation, steps=3, max_staleness=0)
+    run_to_end(setup, sites)
+    refused = [b for b in read(setup, "batch") if b["agent"] == "carol" and b["model_version"] is None]
+    ahead = [b for b in refused if b["reason"] == "model_version_ahead"]
+    assert ahead and "above the step its weights hold" in ahead[0]["detail"], [b for b in read(setup, "batch") if b["agent"] == "carol"]
+    assert any("model_version_ahead" in n for n in sites[2].notices)
+    pooled = {int(b["plan"]) for b in read(setup, "batch") if b["agent"] == "carol" and b["status"] == "accepted"}
+    assert pooled <= {1}                                   # only its plan-1 batch (version 0) was honest
+    delivered = {k for s in sites[:2] for _, pool, _ in s.trained for k in pool if k.startswith("carol@")}
+    assert delivered <= {"carol@1"}
