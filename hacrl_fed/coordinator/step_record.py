@@ -37,6 +37,7 @@ from hacrl_fed.config import RunConfig
 from hacrl_fed.coordinator.intake import bounded_metrics, bounded_text
 from hacrl_fed.coordinator.phases import AgentVerification, prompt_item, step_seed
 from hacrl_fed.protocol.keys import AGENT_NAME_PATTERN
+from hacrl_fed.protocol.site_reply import ALREADY_TRAINED
 from hacrl_fed.protocol.validation import AcceptedBatch, BatchRejected, Reason, validate_envelope
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.v1 import worker_pb2 as wpb
@@ -222,6 +223,10 @@ def train_outcome(entry: AgentStep, reply: Any, plan: pb.RoundPlan, pool: Collec
         problem = (f"TrainReport for run {bounded_text(report.run_id, 80)!r} step {report.step} agent "
                    f"{bounded_text(report.agent_id, 80)!r}, expected {plan.run_id!r} step {plan.step} "
                    f"agent {entry.agent!r}")
+    if problem and not reply.timed_out and ALREADY_TRAINED in problem:   # its weights hold the step: trained
+        entry.status, entry.reason, entry.detail = "trained", "already_trained", bounded_text(problem)
+        log.info("step %d: %s had already trained it (a re-sent order): counted as trained", plan.step, entry.agent)
+        return
     if problem:
         entry.status, entry.reason, entry.detail = "train_error", "train_timeout" if reply.timed_out else "train_error", problem
         log.warning("step %d: %s train failed: %s", plan.step, entry.agent, problem)

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SiteReply"]
+__all__ = ["ALREADY_TRAINED", "SiteReply"]
+
+ALREADY_TRAINED = "already trained:"
+"""How a worker's refusal of a train order starts when its weights already hold that step (a re-sent order whose
+first copy was trained): the coordinator counts it as trained (``reason = "already_trained"``), not as failed."""
 
 
 @dataclass

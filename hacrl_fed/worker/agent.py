@@ -20,6 +20,7 @@ from typing import Any
 from hacrl_fed.update.logprobs import unwrap_causal_lm
 from hacrl_fed.config import AgentConfig, SamplingConfig
 from hacrl_fed.data.prompts import prompt_record, render_prompt, response_separator, stop_strings
+from hacrl_fed.protocol.site_reply import ALREADY_TRAINED
 from hacrl_fed.protocol.envelope import DEFAULT_MAX_BATCH_BYTES, sign_batch
 from hacrl_fed.protocol.keys import Roster, load_signing_key
 from hacrl_fed.protocol.plans import PlanError, check_peer_plans
@@ -470,6 +471,9 @@ class AgentWorker:
                 raise InvalidRequestError(f"train request is for run {req.run_id!r} step {req.step}, its plan for "
                                           f"run {plan.run_id!r} step {plan.step}")
             self._check_run(req.run_id, req.step, for_generate=False)
+            if req.step and self.trainer.step == req.step and self.trainer.run_id == req.run_id:
+                raise PreconditionError(f"{ALREADY_TRAINED} step {req.step} of run {req.run_id!r} is in this worker's "
+                                        "weights (a re-sent order): not trained again")
             peer_plans = list(req.peer_plans)
             _check_peer_plans(plan, peer_plans)
             peer_prompt_ids = self._render_peer_prompts(plan, peer_plans) if peer_plans else None

@@ -149,3 +149,25 @@ def test_an_expired_train_order_is_refused_and_refusals_are_shown(make_sites, pl
     assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()][0].startswith("train refused: ")
     req.deadline_unix_s = time.time() + 600
     assert alice.train(req).step == 1 and alice.health().step == 1
+
+
+def test_a_re_sent_train_order_whose_first_copy_was_trained_says_already_trained(make_sites, plans):
+    """The order's first copy trained (and generated the next step); its re-sent copy is refused with the
+    ALREADY_TRAINED answer the coordinator counts as trained, and the weights are not trained twice."""
+    import pytest
+
+    from hacrl_fed.protocol.site_reply import ALREADY_TRAINED
+    from hacrl_fed.worker.errors import PreconditionError
+
+    make_plan, make_table = plans
+    alice = make_sites({"alice": "tiny-llama-bpe"}).start("alice")
+    plan = make_plan(1)
+    env = alice.generate(plan).envelope
+    req = wpb.TrainRequest(run_id="run-a", step=1, plan=plan, envelopes=[env],
+                           capabilities=make_table(plan, {"alice": 0.5}))
+    alice.train(req)
+    alice.generate(make_plan(2))                          # the reply that was cut carried the next batch too
+    fingerprint = alice.health().model_fingerprint
+    with pytest.raises(PreconditionError, match=ALREADY_TRAINED):
+        alice.train(req)
+    assert alice.health().step == 1 and alice.health().model_fingerprint == fingerprint
