@@ -36,7 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "protocol": {"atomic", "v1"},
     "screens": {"algo", "protocol", "reward", "screen_config", "v1"},
     "rollout": {"tokenization", "update"},
-    "play": {"atomic", "config", "data", "envs", "rollout", "tokenization", "v1"},
+    "play": {"atomic", "config", "data", "envs", "protocol", "reward", "rollout", "tokenization", "v1"},
     "checkpoints": {"atomic", "data"},
     "worker": {"algo", "distributed", "atomic", "checkpoints", "config", "data", "envs", "play", "protocol", "reward", "rollout",
                "screens", "status", "tiny_models", "tokenization", "update", "v1"},

@@ -22,8 +22,9 @@ The agent and the trainer pick the kind once — of a plan's prompts (:func:`pla
 (:func:`sample_kind`), of a peer's rollout (:func:`rollout_kind`) — and then call it; the question "is this an
 episode?" is asked here only. :data:`KINDS` lists both in the order their rows enter a step (one-shot rows first).
 
-``site`` arguments are the :class:`~hacrl_fed.worker.agent.AgentWorker` (its engine, tokenizer, verifier, config and
-episode template), ``trainer`` arguments the :class:`~hacrl_fed.worker.trainer.Trainer`.
+``site`` arguments are the :class:`~hacrl_fed.worker.agent.AgentWorker` (its engine, tokenizer, verifier, config,
+episode template and ``render_text``), ``trainer`` arguments the :class:`~hacrl_fed.worker.trainer.Trainer`; a refused
+prompt raises :class:`PromptError`.
 """
 
 from __future__ import annotations
@@ -41,16 +42,19 @@ from hacrl_fed.reward.extract import is_answer_style
 from hacrl_fed.tokenization.episodes import foreign_episode_row
 from hacrl_fed.tokenization.views import TrainingRow, build_rows, own_row
 from hacrl_fed.v1 import rollout_pb2 as pb
-from hacrl_fed.worker.errors import InvalidRequestError
 
-__all__ = ["EPISODES", "KINDS", "ONE_SHOT", "Episodes", "OneShot", "claimed_kind", "plan_kind", "rollout_kind",
-           "rollouts_kind", "sample_kind", "split_by_kind"]
+__all__ = ["EPISODES", "KINDS", "ONE_SHOT", "Episodes", "OneShot", "PromptError", "check_one_kind", "claimed_kind",
+           "plan_kind", "rollout_kind", "rollouts_kind", "sample_kind", "split_by_kind"]
 
 MAX_ID_CHARS = 256
 """Characters of a prompt id, run id or task label, at most."""
 _FINISH = {"stop": pb.STOP, "length": pb.LENGTH}
 
 T = TypeVar("T")
+
+
+class PromptError(ValueError):
+    """A request's prompt that its kind refuses (the worker answers it as an invalid request)."""
 
 
 class OneShot:
@@ -64,13 +68,13 @@ class OneShot:
     # ------------------------------------------------------------------ the agent
 
     def check_prompt(self, p: pb.PromptItem) -> None:
-        """Raises :class:`InvalidRequestError` for no text, an unknown answer style or a bad task label."""
+        """Raises :class:`PromptError` for no text, an unknown answer style or a bad task label."""
         if not p.text.strip():
-            raise InvalidRequestError(f"prompt {p.prompt_id!r} has no text")
+            raise PromptError(f"prompt {p.prompt_id!r} has no text")
         if p.answer_style and not is_answer_style(p.answer_style):
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style[:80]!r}")
+            raise PromptError(f"prompt {p.prompt_id!r}: unknown answer_style {p.answer_style[:80]!r}")
         if len(p.task) > MAX_ID_CHARS or not p.task.isprintable():
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
+            raise PromptError(f"prompt {p.prompt_id!r}: task label must be printable and at most "
                                       f"{MAX_ID_CHARS} characters")
 
     def render(self, site: Any, prompts: Sequence[pb.PromptItem]) -> dict[str, tuple[int, ...]]:
@@ -149,25 +153,25 @@ class Episodes:
 
     def check_prompt(self, p: pb.PromptItem) -> None:
         """Style ``episode``, an environment instance this site can make (``hacrl_fed.envs.EpisodeSpec`` bounds, a
-        registered environment), no text or reference answer. Raises :class:`InvalidRequestError`."""
+        registered environment), no text or reference answer. Raises :class:`PromptError`."""
         if not p.HasField("episode") or p.answer_style != EPISODE_STYLE or p.text or p.reference_answer:
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: an episode needs answer_style {EPISODE_STYLE!r}, an "
+            raise PromptError(f"prompt {p.prompt_id!r}: an episode needs answer_style {EPISODE_STYLE!r}, an "
                                       "episode and no text or reference answer")
         try:
             spec = EpisodeSpec.from_proto(p.episode)
         except ValueError as err:
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: {err}") from None
+            raise PromptError(f"prompt {p.prompt_id!r}: {err}") from None
         if spec.env_id not in env_ids():
-            raise InvalidRequestError(f"prompt {p.prompt_id!r}: environment {spec.env_id[:80]!r} is not known here "
+            raise PromptError(f"prompt {p.prompt_id!r}: environment {spec.env_id[:80]!r} is not known here "
                                       f"(known: {', '.join(sorted(env_ids()))})")
 
     def render(self, site: Any, prompts: Sequence[pb.PromptItem]) -> dict[str, tuple[int, ...]]:
-        """Prompt id → the site's rendering of each episode's first observation. Raises :class:`InvalidRequestError`
+        """Prompt id → the site's rendering of each episode's first observation. Raises :class:`PromptError`
         for an environment that cannot be made."""
         try:
             return episode_prompt_ids(site.episode_template, prompts)
         except ValueError as err:
-            raise InvalidRequestError(f"episode: {err}") from None
+            raise PromptError(f"episode: {err}") from None
 
     def generate(self, site: Any, plan: pb.RoundPlan, prompt_ids: Mapping[str, Sequence[int]], order: Sequence[str],
                  n: int, sampling: Any, seed: int) -> tuple[list, list[tuple[float, int]], dict[str, float], float]:
@@ -236,11 +240,14 @@ Kind = OneShot | Episodes
 
 def plan_kind(prompts: Sequence[pb.PromptItem]) -> Kind:
     """The kind of a plan's prompts: :data:`EPISODES` when there are prompts and every one is an environment
-    instance, else :data:`ONE_SHOT`. Raises :class:`InvalidRequestError` for prompts that mix the two."""
-    episodic = {p.HasField("episode") for p in prompts}
-    if len(episodic) > 1:
-        raise InvalidRequestError("a request mixes episodes and one-shot prompts")
-    return EPISODES if episodic == {True} else ONE_SHOT
+    instance, else :data:`ONE_SHOT`."""
+    return EPISODES if prompts and all(p.HasField("episode") for p in prompts) else ONE_SHOT
+
+
+def check_one_kind(prompts: Sequence[pb.PromptItem]) -> None:
+    """Raises :class:`PromptError` for a request whose prompts mix episodes and one-shot prompts."""
+    if len({p.HasField("episode") for p in prompts}) > 1:
+        raise PromptError("a request mixes episodes and one-shot prompts")
 
 
 def claimed_kind(p: pb.PromptItem) -> Kind:

@@ -37,7 +37,7 @@ from hacrl_fed.worker.engines import build_engine
 from hacrl_fed.worker.errors import InvalidRequestError, PreconditionError
 from hacrl_fed.play.episodes import episode_template_of
 from hacrl_fed.play.evaluate import summarize
-from hacrl_fed.worker.kinds import MAX_ID_CHARS, claimed_kind, plan_kind, sample_kind
+from hacrl_fed.play.kinds import MAX_ID_CHARS, PromptError, check_one_kind, claimed_kind, plan_kind, sample_kind
 from hacrl_fed.worker.models import lineage_fingerprint, load_model, model_fingerprint
 from hacrl_fed.status import StatusFile, TokenCounter, disk_estimate
 from hacrl_fed.worker.trainer import StepRollouts, Trainer, process_rss_bytes, reward_terms
@@ -124,8 +124,8 @@ def train_summary(report: pb.TrainReport) -> str:
 
 def _check_prompts(prompts) -> None:
     """Raises InvalidRequestError for no prompts, too many, empty/duplicate/overlong ids, a mix of kinds, overlong
-    text, or a prompt its kind refuses (:meth:`~hacrl_fed.worker.kinds.OneShot.check_prompt`: no text, an unknown
-    answer style; :meth:`~hacrl_fed.worker.kinds.Episodes.check_prompt`)."""
+    text, or a prompt its kind refuses (:meth:`~hacrl_fed.play.kinds.OneShot.check_prompt`: no text, an unknown
+    answer style; :meth:`~hacrl_fed.play.kinds.Episodes.check_prompt`)."""
     if not prompts:
         raise InvalidRequestError("the request has no prompts")
     if len(prompts) > MAX_PROMPTS:
@@ -133,12 +133,15 @@ def _check_prompts(prompts) -> None:
     ids = [p.prompt_id for p in prompts]
     if any(not i or len(i) > MAX_ID_CHARS for i in ids) or len(set(ids)) != len(ids):
         raise InvalidRequestError(f"prompt ids must be non-empty, unique and at most {MAX_ID_CHARS} characters")
-    plan_kind(prompts)   # one kind per request
-    for p in prompts:
-        if len(p.text) > MAX_PROMPT_CHARS:
-            raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
-                                      f"{MAX_PROMPT_CHARS} are allowed")
-        claimed_kind(p).check_prompt(p)
+    try:
+        check_one_kind(prompts)
+        for p in prompts:
+            if len(p.text) > MAX_PROMPT_CHARS:
+                raise InvalidRequestError(f"prompt {p.prompt_id!r} has {len(p.text)} characters, at most "
+                                          f"{MAX_PROMPT_CHARS} are allowed")
+            claimed_kind(p).check_prompt(p)
+    except PromptError as err:
+        raise InvalidRequestError(str(err)) from None
 
 
 def _check_peer_plans(plan: pb.RoundPlan, peer_plans) -> None:
@@ -338,7 +341,10 @@ class AgentWorker:
         return self._render(list(todo.values()))
 
     def _render(self, prompts) -> dict[str, tuple[int, ...]]:
-        return plan_kind(prompts).render(self, prompts)
+        try:
+            return plan_kind(prompts).render(self, prompts)
+        except PromptError as err:
+            raise InvalidRequestError(str(err)) from None
 
     def render_text(self, text: str) -> tuple[int, ...]:
         """The site's rendering of a one-shot prompt's text: its chat template, system prompt and prompt cap."""
@@ -572,7 +578,7 @@ def _show_notice(notice: str) -> None:
 
 
 def _example_text(prompt: pb.PromptItem | None) -> str | None:
-    """The text of a played prompt's first user turn (its kind's :meth:`~hacrl_fed.worker.kinds.OneShot.example_text`),
+    """The text of a played prompt's first user turn (its kind's :meth:`~hacrl_fed.play.kinds.OneShot.example_text`),
     ``None`` for no prompt: the export then shows :data:`~hacrl_fed.data.prompts.EXAMPLE_PROBLEM`."""
     return None if prompt is None else claimed_kind(prompt).example_text(prompt)
 

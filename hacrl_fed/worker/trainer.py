@@ -43,8 +43,8 @@ from hacrl_fed.tokenization.episodes import EpisodeTemplate
 from hacrl_fed.tokenization.views import TrainingRow
 from hacrl_fed.v1 import rollout_pb2 as pb
 from hacrl_fed.rollout.engine import GeneratedSample
+from hacrl_fed.play.kinds import KINDS, rollout_kind, rollouts_kind, sample_kind, split_by_kind
 from hacrl_fed.worker.errors import PreconditionError
-from hacrl_fed.worker.kinds import KINDS, rollout_kind, rollouts_kind, sample_kind, split_by_kind
 
 __all__ = ["MAX_ENVELOPES", "StepRollouts", "Trainer", "process_rss_bytes", "reward_terms"]
 

@@ -1,4 +1,4 @@
-"""The two kinds of row (hacrl_fed.worker.kinds): which kind a plan, a prompt, a sample and a peer's rollout are,
+"""The two kinds of row (hacrl_fed.play.kinds): which kind a plan, a prompt, a sample and a peer's rollout are,
 and what each kind does with them — checks, screens, rows — without the caller asking "is this an episode?"."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from hacrl_fed.envs import EpisodeSpec
 from hacrl_fed.play.episodes import EpisodeSample
 from hacrl_fed.rollout.engine import GeneratedSample
 from hacrl_fed.v1 import rollout_pb2 as pb
-from hacrl_fed.worker.errors import InvalidRequestError
-from hacrl_fed.worker.kinds import (EPISODES, KINDS, ONE_SHOT, claimed_kind, plan_kind, rollout_kind, rollouts_kind,
-                                    sample_kind, split_by_kind)
+from hacrl_fed.play.kinds import (EPISODES, KINDS, ONE_SHOT, PromptError, check_one_kind, claimed_kind, plan_kind,
+                                  rollout_kind, rollouts_kind, sample_kind, split_by_kind)
 
 GUESS = "textarena/GuessTheNumber-v0"
 
@@ -39,28 +38,30 @@ def test_a_plan_is_of_one_kind_and_a_mix_is_refused():
     assert plan_kind([one_shot(0), one_shot(1)]) is ONE_SHOT
     assert plan_kind([episode(0), episode(1)]) is EPISODES
     assert plan_kind([]) is ONE_SHOT
-    with pytest.raises(InvalidRequestError, match="mixes episodes and one-shot prompts"):
-        plan_kind([one_shot(), episode()])
+    assert plan_kind([one_shot(), episode()]) is ONE_SHOT    # not all episodes
+    check_one_kind([episode(0), episode(1)])
+    with pytest.raises(PromptError, match="mixes episodes and one-shot prompts"):
+        check_one_kind([one_shot(), episode()])
 
 
 def test_a_prompt_that_only_claims_to_be_an_episode_is_checked_as_one_and_refused():
     half = one_shot(answer_style="episode", text="")
     assert plan_kind([half]) is ONE_SHOT            # no environment instance
     assert claimed_kind(half) is EPISODES           # but its style says episode
-    with pytest.raises(InvalidRequestError, match="an episode needs answer_style 'episode'"):
+    with pytest.raises(PromptError, match="an episode needs answer_style 'episode'"):
         claimed_kind(half).check_prompt(half)
     EPISODES.check_prompt(episode())                # a well-made episode passes
 
 
 def test_each_kind_checks_its_own_fields():
     ONE_SHOT.check_prompt(one_shot())
-    with pytest.raises(InvalidRequestError, match="has no text"):
+    with pytest.raises(PromptError, match="has no text"):
         ONE_SHOT.check_prompt(one_shot(text="  "))
-    with pytest.raises(InvalidRequestError, match="unknown answer_style"):
+    with pytest.raises(PromptError, match="unknown answer_style"):
         ONE_SHOT.check_prompt(one_shot(answer_style="no-such-style"))
     unknown_env = episode()
     unknown_env.episode.env_id = "nowhere/NoGame-v0"
-    with pytest.raises(InvalidRequestError, match="is not known here"):
+    with pytest.raises(PromptError, match="is not known here"):
         EPISODES.check_prompt(unknown_env)
 
 
