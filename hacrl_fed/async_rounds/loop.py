@@ -15,7 +15,8 @@ Every site generates and trains at its own pace; no site waits for another. Per 
 
 The run ends when every site that trains has made ``run.steps`` updates (``run.async_steps = "each"``: a site that
 has stops; ``"slowest"``: the others keep training until the slowest has), or when every site left is done or has
-missed its last two orders (a site that never answers does not hold the others). A site that drops out and comes
+missed its last two orders (a site that never answers does not hold the others; one that is offline is waited for,
+each ``generate_timeout_s`` offline counting as a missed order). A site that drops out and comes
 back (a restart, a new node) picks up where its weights are: its next batch's signed ``model_version`` and the
 coordinator's record of its trained steps are reconciled as in sync mode. Orders go out one node at a time, each
 in its own thread, through the same :class:`~hacrl_fed.coordinator.rounds.Transport` as sync rounds.
@@ -82,6 +83,8 @@ class _Site:
     done: bool = False
     eval_due: int = 0
     """Set: a held-out evaluation after this many own updates is its next order."""
+    offline_since: float | None = None
+    """When the run's end was first checked with this node offline (None: online)."""
     unconfirmed: bool = False
     """Its last update was recorded as not trained and no later batch of its agent has been reconciled since."""
 
@@ -168,11 +171,24 @@ def run_async(setup: Setup, transport: Transport) -> CoordinatorState:
 
 
 def _finished(ctx: _Run) -> bool:
-    """No order is in flight, some site is done, and every training site still online is done or has missed its
-    last :data:`MAX_MISSES` orders (a site that went offline does not hold the end)."""
+    """No order is in flight, some site is done, and every training site is done or has missed its last
+    :data:`MAX_MISSES` orders. A site offline now (unreachable, restarting) is waited for, bounded: each
+    ``run.generate_timeout_s`` it stays offline counts as one more missed order (:func:`_missed`)."""
     if any(s.future is not None for s in ctx.sites.values()) or not any(s.done for s in ctx.sites.values()):
         return False
-    return all((s.done and not s.eval_due) or s.misses >= MAX_MISSES for s in _online_trainers(ctx))
+    now = ctx.setup.clock()
+    online = {n.node_id for n in _eligible(ctx.setup, ctx.transport)}
+    for s in ctx.sites.values():
+        s.offline_since = None if s.node.node_id in online else (s.offline_since or now)
+    trainers = [s for s in ctx.sites.values() if not (s.agent and rollout_only(ctx.setup.roster, s.agent))]
+    return all((s.done and not s.eval_due) or _missed(ctx, s, now) >= MAX_MISSES for s in trainers)
+
+
+def _missed(ctx: _Run, site: _Site, now: float) -> int:
+    """Orders ``site`` missed in a row: those it was sent, plus one per ``run.generate_timeout_s`` it has been
+    offline (the orders it would have missed)."""
+    offline = 0 if site.offline_since is None else int((now - site.offline_since) / ctx.setup.run.generate_timeout_s)
+    return site.misses + offline
 
 
 def _online_trainers(ctx: _Run) -> list[_Site]:
@@ -433,7 +449,7 @@ def _ended_short(ctx: _Run) -> dict[str, dict[str, Any]]:
         if not agent or agent not in ctx.learners() or ctx.updates.get(agent, 0) >= ctx.setup.run.steps:
             continue
         out[agent] = {"updates": ctx.updates.get(agent, 0), "why": "roll-backs" if _rolled_back(ctx, agent)
-                      else "missed orders", "misses": site.misses,
+                      else "missed orders", "misses": _missed(ctx, site, ctx.setup.clock()),
                       "rolled_back": int(ctx.state.totals.get(agent, {}).get("steps_rolled_back", 0)),
                       "last_unconfirmed": site.unconfirmed}
     return out

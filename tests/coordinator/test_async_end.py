@@ -89,3 +89,35 @@ def test_a_batch_signed_fresher_than_its_weights_is_not_pooled(tmp_path, federat
     assert pooled <= {1}                                   # only its plan-1 batch (version 0) was honest
     delivered = {k for s in sites[:2] for _, pool, _ in s.trained for k in pool if k.startswith("carol@")}
     assert delivered <= {"carol@1"}
+
+
+def test_a_site_cut_off_briefly_is_waited_for_and_completes(tmp_path, federation):
+    """carol is unreachable from its second update until 0.3 s after the others have finished: it has missed fewer
+    orders than the limit (each generate_timeout_s offline counts as one), so the run waits for it and carol makes
+    all its updates instead of ending at 2 of 4."""
+    import time
+
+    class Partitioned(FakeSite):
+        others: tuple = ()
+        back_at: float = 0.0
+
+        @property
+        def online(self):
+            if len(self.trained) < 2:
+                return True
+            if not all(len(o.trained) >= 4 for o in self.others):
+                return False
+            self.back_at = self.back_at or time.monotonic() + 0.3           # the link comes back
+            return time.monotonic() >= self.back_at
+
+        @online.setter
+        def online(self, value):
+            pass
+
+    sites = fleet(federation, slow=0.0)
+    sites[2] = Partitioned("carol", federation.keys["carol"])
+    sites[2].others = tuple(sites[:2])
+    setup = make_setup(tmp_path, federation, steps=4, generate_timeout_s=30.0)
+    state = run_to_end(setup, sites)
+    assert {a: len(v) for a, v in state.trained_steps.items()} == {"alice": 4, "bob": 4, "carol": 4}
+    assert read(setup, "run_end")[-1]["ended_short"] == {}

@@ -228,9 +228,12 @@ def test_a_site_that_drops_out_does_not_stall_the_others(tmp_path, federation):
             return reply
 
     sites[2] = Leaving("carol", federation.keys["carol"])
-    setup = make_setup(tmp_path, federation, steps=4)
+    setup = make_setup(tmp_path, federation, steps=4, generate_timeout_s=0.5)  # waited for 2 × 0.5 s, then not
     state = run_async(setup, InProcessTransport(sites))
     assert {a: len(v) for a, v in state.trained_steps.items()} == {"alice": 4, "bob": 4, "carol": 2}
+    short = read(setup, "run_end")[-1]["ended_short"]
+    assert short == {"carol": {"updates": 2, "why": "missed orders", "misses": 2, "rolled_back": 0,
+                               "last_unconfirmed": False}}
 
 
 def test_a_site_restarted_from_an_older_checkpoint_is_reconciled_and_catches_up(tmp_path, federation):
