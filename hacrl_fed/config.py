@@ -282,7 +282,8 @@ class ModelConfig(Strict):
     "Base-model stability")."""
     engine: str = "hf"
     """Rollout engine, a name of :data:`hacrl_fed.registries.ROLLOUT_ENGINES`: ``hf`` (Hugging Face ``generate``,
-    any device), ``vllm`` (a colocated vLLM engine on the model's CUDA device, installed in the worker's own
+    any device), ``loop`` (a decode loop on the same model whose finished rows leave the batch;
+    :mod:`hacrl_fed.rollout.decode_loop`), ``vllm`` (a colocated vLLM engine on the model's CUDA device, installed in the worker's own
     environment; :mod:`hacrl_fed.rollout.vllm_engine`, docs/engines.md "vLLM on a GPU site"), a registered engine,
     or an import path ``package.module:factory`` (docs/extending.md). The three settings below are used by
     ``vllm`` only."""
