@@ -54,9 +54,11 @@ def main() -> None:
     from hacrl_fed.distributed.ranks import RankState, Setup, UpdateJob
 
     env = os.environ
-    mesh = init_group(rank, world, env["HACRL_DIST_ADDR"], int(env["HACRL_DIST_PORT"]), "cpu", 60)
-    if rank == 0:
+    if rank == 0:   # the slow part before the group forms: no collective waits for it
         model, tok, rows, adv, ratios, algo, optim = rows_and_settings(model_dir, peer_dir)
+    mesh = init_group(rank, world, env["HACRL_DIST_ADDR"], int(env["HACRL_DIST_PORT"]), "cpu",
+                      float(env.get("HACRL_DIST_TIMEOUT_S", "60")))
+    if rank == 0:
         setup = broadcast(Setup(model.config, torch.float32, "cpu", "none", optim))
         state = RankState(setup, mesh, model.state_dict())
         job = broadcast(UpdateJob(rows, adv, ratios, algo, optim, {"learner": "a", "pad_id": tok.pad_token_id},
