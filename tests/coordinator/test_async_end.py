@@ -8,7 +8,7 @@ import threading
 
 from hacrl_fed.async_rounds.loop import run_async
 from inprocess import FakeSite, InProcessTransport
-from test_async_rounds import fleet, make_setup, read
+from test_async_rounds import Restarting, fleet, make_setup, read
 
 
 def run_to_end(setup, sites, limit_s: float = 300.0):
@@ -23,13 +23,6 @@ def run_to_end(setup, sites, limit_s: float = 300.0):
 
 
 def test_run_end_totals_equal_what_the_weights_hold_after_a_roll_back(tmp_path, federation):
-    class Restarting(FakeSite):
-        def generate(self, plan):
-            if len(self.trained) == 2 and not getattr(self, "restarted", False):
-                self.restarted = True
-                self.weights_step = self.trained[0][0]     # back to the checkpoint of its first update
-            return super().generate(plan)
-
     sites = fleet(federation, slow=0.0)
     sites[2] = Restarting("carol", federation.keys["carol"])
     setup = make_setup(tmp_path, federation, steps=4)

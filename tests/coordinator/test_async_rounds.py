@@ -33,6 +33,16 @@ def read(setup: Setup, event: str) -> list[dict]:
     return [r for r in lines if r.get("event") == event]
 
 
+class Restarting(FakeSite):
+    """Restarts from the checkpoint of its first update once it has made two."""
+
+    def generate(self, plan):
+        if len(self.trained) == 2 and not getattr(self, "restarted", False):
+            self.restarted = True
+            self.weights_step = self.trained[0][0]     # back to the checkpoint of its first update
+        return super().generate(plan)
+
+
 def fleet(federation, *, slow=0.4, fast=0.1):
     k = federation.keys
     return [FakeSite("alice", k["alice"], delay_s=fast), FakeSite("bob", k["bob"], delay_s=fast),
@@ -237,13 +247,6 @@ def test_a_site_that_drops_out_does_not_stall_the_others(tmp_path, federation):
 
 
 def test_a_site_restarted_from_an_older_checkpoint_is_reconciled_and_catches_up(tmp_path, federation):
-    class Restarting(FakeSite):
-        def generate(self, plan):
-            if len(self.trained) == 2 and not getattr(self, "restarted", False):
-                self.restarted = True
-                self.weights_step = self.trained[0][0]     # back to the checkpoint of its first update
-            return super().generate(plan)
-
     sites = fleet(federation, slow=0.0)
     sites[2] = Restarting("carol", federation.keys["carol"])
     setup = make_setup(tmp_path, federation, steps=4)

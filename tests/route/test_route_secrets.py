@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from contextlib import contextmanager
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
+
+from test_route_serve import running as serve_app
 
 from hacrl_fed.rollout.redact import REDACTED
 from hacrl_fed.route.serve import Backend, build_app, fixed_order
@@ -23,19 +22,9 @@ OTHER_KEY = "sk-other-backend-987654321"
 
 @contextmanager
 def running(app: FastAPI):
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", lifespan="on",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    end = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < end, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """``app`` served as in test_route_serve.py; yields its ``/v1`` base URL."""
+    with serve_app(app) as base:
+        yield f"{base}/v1"
 
 
 def echo_app() -> FastAPI:
