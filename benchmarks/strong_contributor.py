@@ -144,6 +144,16 @@ class Solutions:
     def find(self, text: str) -> tuple[Item, str] | None:
         return self.by_text.get(text.strip())
 
+    def example_request(self, url: str, model: str) -> str:
+        """A ``curl`` command asking for one item of the suite (the first one), ready to paste in a shell."""
+        import json
+        import shlex
+
+        question = next(iter(self.by_text.values()))[1]
+        body = {"model": model, "n": 2, "messages": [{"role": "user", "content": question}]}
+        return (f"curl -s {url}/chat/completions -H 'Content-Type: application/json' "
+                f"-d {shlex.quote(json.dumps(body))}")
+
 
 def choice_text(solutions: Solutions, messages: Sequence[dict], accuracy: float, key: Sequence[Any]) -> str:
     """The text of one choice for a chat request: the last user message's item solved, correct with probability
@@ -257,13 +267,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, SimulateConfig)
-        app = make_app(Solutions(cfg.run.data), accuracy=args.accuracy, seed=args.seed, model=args.model)
+        solutions = Solutions(cfg.run.data)
+        app = make_app(solutions, accuracy=args.accuracy, seed=args.seed, model=args.model)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     import uvicorn
 
-    print(f"strong contributor: p = {args.accuracy}, http://127.0.0.1:{args.port}/v1", file=sys.stderr)
+    url = f"http://127.0.0.1:{args.port}/v1"
+    print(f"strong contributor: p = {args.accuracy}, {url}, {len(solutions)} items; it answers a user message that "
+          f"is an item's text exactly, e.g.\n  {solutions.example_request(url, args.model)}", file=sys.stderr)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 
