@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import random
 import re
-import socket
 import sys
 import threading
 import time
@@ -224,18 +223,14 @@ def make_app(solutions: Solutions, *, accuracy: float, seed: int = 0, model: str
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve_strong_contributor(data: Any, *, accuracy: float, seed: int = 0, port: int | None = None,
                              model: str = "strong-contributor") -> Iterator[str]:
     """Serve the strong contributor for ``data`` on 127.0.0.1 in a background thread; yields its ``/v1`` base URL
     and stops the server on exit. Raises ``RuntimeError`` if it does not come up within 30 s."""
     import uvicorn
+
+    from contributor import free_port
 
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(make_app(Solutions(data), accuracy=accuracy, seed=seed, model=model),

@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from hacrl_fed.algo.capability import RatioKey, row_ratio
 from hacrl_fed.update.logprobs import packing_unsupported, token_logprobs
 from hacrl_fed.algo.losses import LossInputs, compute_loss, stepwise_indices
-from hacrl_fed.algo.peer_distill import distill_coef
 from hacrl_fed.update.schedule import scheduled_lr
 from hacrl_fed.tokenization.packing import pack_rows, pair_cost, plan_packed_microbatches
 from hacrl_fed.tokenization.views import TrainingRow, collate
@@ -237,11 +236,6 @@ class _Context:
     packing: bool = False
     step: int | None = None
 
-    def algo_distill_coef(self) -> float:
-        """λ_t of the peer distillation term at this step (:func:`hacrl_fed.algo.peer_distill.distill_coef`)."""
-        a = self.algo
-        return distill_coef(a.peer_distill_coef, a.peer_distill_schedule, self.step, a.peer_distill_steps)
-
     def in_loss(self, row: TrainingRow) -> bool:
         """The row enters the loss (``mask_truncated_completions`` leaves out rows without their EOS)."""
         return row.ends_with_eos or not self.algo.mask_truncated_completions
@@ -389,6 +383,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
     n_own_tokens = sum(rows[i].trained_token_count for i in mb.rows if rows[i].is_own and ctx.in_loss(rows[i]))
     n_tokens = sum(rows[i].trained_token_count for i in mb.rows if ctx.in_loss(rows[i]))
     loss_sum = pg_sum = kl_sum = distill_nll = 0.0
+    distill_lam = 0.0                    # λ_t, as the loss computed it (the same for every micro-batch of a step)
     for idx, packs in _micro_plan(ctx, rows, mb.rows):
         inputs, tokens = _micro_inputs(ctx, rows, idx, packs, adv, ratio, old_tok, mb, n_own_tokens, n_tokens, stats)
         out = compute_loss(inputs, ctx.algo)
@@ -399,6 +394,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
         pg_sum += out.metrics["hacpo/pg_loss"]
         kl_sum += float(out.kl)
         distill_nll += out.metrics.get("hacpo/distill_nll", 0.0) * out.metrics.get("hacpo/distill_rows", 0.0)
+        distill_lam = out.metrics.get("hacpo/distill_coef", distill_lam)
         stats.add_rows([rows[i].source_agent for i in idx], [adv[i] for i in idx], out)
         del inputs, out
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -413,7 +409,7 @@ def _run_minibatch(ctx: _Context, optimizer: torch.optim.Optimizer, rows: list[T
                        ("lr", float(optimizer.param_groups[0]["lr"]))):
         stats.updates[key].append(value)
     if ctx.algo.peer_distill_coef > 0:
-        stats.updates["distill_coef"].append(ctx.algo_distill_coef())
+        stats.updates["distill_coef"].append(distill_lam)
         stats.updates["distill_nll_sum"].append(distill_nll)
     if ctx.algo.cross_clip and ctx.algo.cross_objective == "hacpo" and not all(rows[i].is_own for i in mb.rows):
         stats.updates["cross_lower_bound"].append(ctx.algo.cross_lower_bound(mb.m))
