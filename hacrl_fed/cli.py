@@ -487,6 +487,8 @@ def route_eval_cmd(
                                            "--model names)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Queries per generate call of a local model."),
     device: str = typer.Option("cpu", "--device", help="Where local models run."),
+    engine: str = typer.Option("hf", "--engine", help=ENGINE_HELP + " Generates every local model's responses "
+                               "(endpoints are not affected)."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", min=1.0, help="Seconds per endpoint request."),
     seed: int = typer.Option(0, "--seed", help="Calibration split and bootstrap seed."),
     as_json: bool = typer.Option(False, "--json", help="Print route.json's summary as one JSON line."),
@@ -501,6 +503,12 @@ def route_eval_cmd(
 
     if cost not in COST_KINDS:
         fail(f"--cost must be one of {', '.join(COST_KINDS)}, got {cost!r}")
+    from hacrl_fed.config import VLLM_DEVICES
+
+    if engine == "vllm" and device not in VLLM_DEVICES:
+        fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
+             f"CUDA_VISIBLE_DEVICES)")
+    _check_engine(engine)
     try:
         specs, keys = parse_model_specs(model, api_model or [], params or [], api_key_env or [])
         from hacrl_fed.route.embed import load_embedder
@@ -527,7 +535,7 @@ def route_eval_cmd(
         result = run_route_eval(specs, problems, cal, out, calibration_frac=calibration_frac, seed=seed, k=k,
                                 embedder=embedder, cost_kind=cost, max_new_tokens=max_new_tokens,
                                 system_prompt=system_prompt, batch_size=batch_size, device=device,
-                                timeout_s=timeout_s, api_keys=keys, capability=caps, progress=progress)
+                                engine=engine, timeout_s=timeout_s, api_keys=keys, capability=caps, progress=progress)
     except (DataError, ModelNotFoundError) as err:
         fail(_one_line(err))
     except (ModelLoadError, ValueError, OSError, RuntimeError) as err:

@@ -1,9 +1,9 @@
 """What each deployed model does on each query: correct or not, response tokens, generation seconds.
 
-A model is a local directory, hub id or alias (generated in this process with the ``hf`` engine, prompted as an
-export says it was trained: :func:`hacrl_fed.play.evaluate.saved_prompt`) or an OpenAI-compatible endpoint
-URL (``http(s)://…/v1``: one chat completion per query, sequentially, each timed). Both are scored by the
-training verifier (:class:`hacrl_fed.reward.Verifier`), greedy unless told otherwise.
+A model is a local directory, hub id or alias (generated in this process with the rollout engine ``--engine``
+names, ``hf`` unless told otherwise, prompted as an export says it was trained:
+:func:`hacrl_fed.play.evaluate.saved_prompt`) or an OpenAI-compatible endpoint URL (``http(s)://…/v1``: one chat
+completion per query, sequentially, each timed). Both are scored by the training verifier (:class:`hacrl_fed.reward.Verifier`), greedy unless told otherwise.
 
 Seconds are wall time of generation on this machine: per query for an endpoint; for a local model, each batch's
 time shared among its queries in proportion to their response tokens (a batch generates them together).
@@ -108,7 +108,7 @@ def _verify(problems: Sequence[Problem], texts: Sequence[str], verifier) -> list
 
 
 def measure_local(spec: ModelSpec, problems: Sequence[Problem], *, verifier, max_new_tokens: int,
-                  system_prompt: str | None = None, batch_size: int = 8, device: str = "cpu",
+                  system_prompt: str | None = None, batch_size: int = 8, device: str = "cpu", engine: str = "hf",
                   on_progress: Callable[[int], None] | None = None) -> Outcomes:
     """Greedy responses of a local model to ``problems``, verified and timed (module docstring).
 
@@ -121,7 +121,8 @@ def measure_local(spec: ModelSpec, problems: Sequence[Problem], *, verifier, max
     from hacrl_fed.worker.eval_model import eval_engine
     from hacrl_fed.worker.models import load_model
 
-    cfg, _ = eval_model_config(spec.target, system_prompt=system_prompt, device=device)   # as `hacrl-fed eval`
+    cfg, _ = eval_model_config(spec.target, system_prompt=system_prompt, device=device,   # as `hacrl-fed eval`
+                               engine=engine)
     lm = load_model(cfg)
     params = spec.params or float(sum(p.numel() for p in lm.model.parameters()))
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens)

@@ -147,7 +147,8 @@ def _measure_all(specs: Sequence[ModelSpec], problems: Sequence[Problem], out: P
             else:
                 got = measure_local(spec, problems, verifier=verifier, max_new_tokens=settings["max_new_tokens"],
                                     system_prompt=settings["system_prompt"], batch_size=settings["batch_size"],
-                                    device=settings["device"], on_progress=tick)
+                                    device=settings["device"], engine=settings.get("engine", "hf"),
+                                    on_progress=tick)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps({"key": key, "outcomes": got.to_json()}))
         else:
@@ -170,7 +171,7 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
                    out: str | Path, *, calibration_frac: float = 0.5, seed: int = 0, k: int = 10,
                    embedder: str = "tfidf", cost_kind: str = "param_tokens", max_new_tokens: int = 64,
                    system_prompt: str | None = None, batch_size: int = 8, device: str = "cpu",
-                   timeout_s: float = 120.0, api_keys: dict[str, str] | None = None,
+                   engine: str = "hf", timeout_s: float = 120.0, api_keys: dict[str, str] | None = None,
                    capability: dict[str, dict[str, float]] | None = None,
                    progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Compare routing policies (module docstring). Returns the result of
@@ -199,6 +200,8 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
     out = Path(out)
     settings = {"max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "batch_size": batch_size,
                 "device": device, "timeout_s": timeout_s}
+    if engine != "hf":       # part of the outcomes' cache key (seconds differ by engine); hf-era caches stay valid
+        settings["engine"] = engine
     everything = [*cal, *routed]
     with Verifier.from_config(VerifierConfig()) as verifier:
         outs = _measure_all(specs, everything, out, verifier=verifier, settings=settings, api_keys=api_keys or {},

@@ -62,6 +62,9 @@ def test_route_eval_compares_policies_writes_its_files_and_reuses_outcomes(tmp_p
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--embedder", "/no/such/dir"], "--embedder"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=http://127.0.0.1:9/v1", "--api-key-env", "b=HACRL_NO_SUCH_VAR"],
      "not set"),
+    (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--engine", "no-such-engine"],
+     "--engine: unknown rollout engine 'no-such-engine'"),
+    (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--engine", "vllm"], "--device cuda"),
 ])
 def test_bad_options_end_with_one_line_and_exit_2(tmp_path, extra, message):
     data = _queries(tmp_path / "q.jsonl")
@@ -70,6 +73,33 @@ def test_bad_options_end_with_one_line_and_exit_2(tmp_path, extra, message):
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_engine_option_reaches_every_local_model_and_the_cache_key(tmp_path, monkeypatch):
+    """``--engine loop`` builds the loop engine for each local model (as ``hacrl-fed eval --engine``); its outcomes
+    are not those cached under ``hf``: a rerun with another engine measures again."""
+    import hacrl_fed.worker.engines as engines
+
+    built = []
+    real = engines.build_engine
+
+    def spy(loaded, model_cfg, **kw):
+        engine = real(loaded, model_cfg, **kw)
+        built.append((model_cfg.engine, type(engine).__name__))
+        return engine
+
+    monkeypatch.setattr(engines, "build_engine", spy)
+    data = _queries(tmp_path / "q.jsonl", n=2)
+    args = ["route", "eval", "--model", "llama=tiny-llama-bpe", "--model", "gemma=tiny-gemma-unigram",
+            "--data", str(data), "--out", str(tmp_path / "out"), "--max-new-tokens", "3", "--k", "2"]
+    res = runner.invoke(app, [*args, "--engine", "loop"])
+    assert res.exit_code == 0, res.output
+    assert [e for e, _ in built] == ["loop", "loop"], built
+    assert all("Loop" in cls for _, cls in built), built
+    built.clear()
+    res = runner.invoke(app, args)                       # the default engine: measured again, not reused
+    assert res.exit_code == 0, res.output
+    assert [e for e, _ in built] == ["hf", "hf"], built
 
 
 def test_a_missing_data_file_ends_with_one_line(tmp_path):
