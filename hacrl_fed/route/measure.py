@@ -3,7 +3,8 @@
 A model is a local directory, hub id or alias (generated in this process with the rollout engine ``--engine``
 names, ``hf`` unless told otherwise, prompted as an export says it was trained:
 :func:`hacrl_fed.play.evaluate.saved_prompt`) or an OpenAI-compatible endpoint URL (``http(s)://…/v1``: one chat
-completion per query, sequentially, each timed). Both are scored by the training verifier (:class:`hacrl_fed.reward.Verifier`), greedy unless told otherwise.
+completion per query, sequentially, each timed). Both are scored by the training verifier
+(:class:`hacrl_fed.reward.Verifier`), greedy unless told otherwise.
 
 Seconds are wall time of generation on this machine: per query for an endpoint; for a local model, each batch's
 time shared among its queries in proportion to their response tokens (a batch generates them together).
