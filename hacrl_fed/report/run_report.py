@@ -101,9 +101,20 @@ def _step_entry(rec: Mapping[str, Any]) -> dict[str, Any]:
             "rss_bytes": max([x for x in (gen.get("rss_bytes"), train.get("rss_bytes")) if x is not None], default=None),
             "reward_disagreements": a.get("reward_disagreements"),
             "episode": {k.removeprefix("episode/"): v for k, v in gen.items() if k.startswith("episode/")},
+            "distill": _distill_entry(train),
         }
     return {"step": rec["step"], "trained": rec.get("trained"), "interrupted": bool(rec.get("interrupted")),
             "timing": rec.get("timing", {}), "agents": agents}
+
+
+def _distill_entry(train: Mapping[str, Any]) -> dict[str, Any]:
+    """Peer distillation in one update (``algo.peer_distill_coef`` > 0; docs/algorithm.md): λ_t, rows distilled,
+    their mean NLL (nats per token) and rows per source; ``{}`` when the update reported none."""
+    if "distill_coef" not in train:
+        return {}
+    return {"coef": train.get("distill_coef"), "rows": train.get("distill_rows"), "nll": train.get("distill_nll"),
+            "per_source": {k.removeprefix("src/").removesuffix("/distill_rows"): v for k, v in sorted(train.items())
+                           if k.startswith("src/") and k.endswith("/distill_rows")}}
 
 
 def _update_step(rec: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -419,6 +430,25 @@ def _md_episodes(report: Mapping[str, Any]) -> list[str]:
                        rows)]
 
 
+def _md_distill(report: Mapping[str, Any]) -> list[str]:
+    """The peer-distillation section of ``report.md``: per step and learner, λ_t, the rows distilled (by source)
+    and their mean NLL; empty for a run without it."""
+    rows = []
+    for s in report["steps"]:
+        for k, a in s["agents"].items():
+            d = a.get("distill") or {}
+            if d:
+                by_source = ", ".join(f"{j} {_f(n, '.0f')}" for j, n in d["per_source"].items()) or "-"
+                rows.append([str(s["step"]), k, _f(d["coef"], ".3f"), _f(d["rows"], ".0f"), by_source,
+                             _f(d["nll"] if d["rows"] else None, ".3f")])
+    if not rows:
+        return []
+    return ["## Peer distillation", "", "Per update: λ_t (`distill_coef`), the verified peer successes distilled "
+            "(`distill_rows`, summed over the update's mini-batches; by source) and their mean NLL under the learner "
+            "(`distill_nll`, nats per token; `-` when none); docs/algorithm.md, \"Peer distillation (named extension)\".", "",
+            *_md_table(["step", "learner", "λ_t", "rows distilled", "by source", "mean NLL"], rows)]
+
+
 def _scaled(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
@@ -466,6 +496,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += _md_tasks(report)
     lines += _md_episodes(report)
     lines += _md_screens(report)
+    lines += _md_distill(report)
     lines += ["## Where the time went", ""]
     lines += _md_table(["phase", "seconds", "what"], [[k, _f(v), PHASES.get(k, "")] for k, v in report["phases"].items()])
     lines += ["## Exported models", "", "Plain Hugging Face directories (`AutoModelForCausalLM.from_pretrained(dir)`); "
