@@ -79,7 +79,7 @@ from collab.recipes import (  # noqa: E402,F401
     TWINS, base_recipe, eval_sets_of, label)
 from collab.render import render_markdown  # noqa: E402,F401
 from collab.results import (  # noqa: E402,F401
-    check_contributor, contributor_source, merge_meta, strong_accuracy, summarize)
+    check_contributor, check_engines, contributor_source, merge_meta, strong_accuracy, summarize)
 from collab.scoring import (  # noqa: E402,F401
     OUTCOMES, accuracy, gain_kinds, has_rewards, is_correct, mean_reward, outcome_mix, reward_of)
 from collab.stats import paired, paired_interval, paired_mde  # noqa: E402,F401
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.run.prompts_per_step = args.prompts_per_step
     if args.samples_per_prompt:
         cfg.run.samples_per_prompt = args.samples_per_prompt
+    config_engines = {a.name: a.model.engine for a in cfg.agents}
     if args.engine:
         from hacrl_fed.worker.engines import require_engine
 
@@ -177,12 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             check_contributor(out / "meta.json", args.contributor_name, source)
         except ValueError as err:
             parser.error(str(err))
+    engines = {a.name: a.model.engine for a in cfg.agents}
+    try:
+        check_engines(out / "meta.json", engines, config_engines)
+    except ValueError as err:
+        parser.error(str(err))
     (out / "cells").mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/run_collab.py " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"command": command, "pair": pair, "steps": args.steps, "seeds": args.seeds,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
             "eval_size": cfg.run.data.eval_size, "models": {a.name: a.model.name_or_path for a in cfg.agents},
-            "config": str(args.config or PAIRS[pair])}
+            "config": str(args.config or PAIRS[pair]), "engines": engines}
     with contextlib.ExitStack() as stack:
         site = None
         if args.contributor:

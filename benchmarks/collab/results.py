@@ -45,6 +45,19 @@ def check_contributor(path: Path, name: str, source: str) -> None:
                          f"this run's is {name!r} from {source!r}: use another --out")
 
 
+def check_engines(path: Path, engines: dict[str, str], unrecorded: dict[str, str]) -> None:
+    """Raise ``ValueError`` when the results directory of ``meta.json`` at ``path`` holds cells made with other
+    rollout engines than ``engines`` (learner → ``model.engine``): engines are never mixed within one benchmark
+    (greedy text, and so every outcome, may differ between engines). A ``meta.json`` written before engines were
+    recorded counts as made with ``unrecorded`` (the config's engines: the only way cells were made then)."""
+    if not path.exists() or not any((path.parent / "cells").glob("*.json")):
+        return
+    old = json.loads(path.read_text()).get("engines", unrecorded)
+    if old != engines:
+        raise ValueError(f"{path.parent} holds cells made with engines {old}; this run's are {engines}: "
+                         "engines are never mixed within one benchmark, use another --out")
+
+
 def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
     """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
     the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described).

@@ -50,6 +50,12 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
         assert section in first
     again = _run(out)
     assert again.count("done already") == 4
+    assert json.loads((out / "meta.json").read_text())["engines"] == {"llama-bpe": "hf", "gemma-unigram": "hf"}
+    mixed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_collab.py"), "--pair", "tiny-tasks",
+                            "--seeds", "3", "--steps", "1", "--recipes", "gspo", "--engine", "loop", "--out", str(out)],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert mixed.returncode == 2 and "engines are never mixed" in mixed.stderr
+    assert not (out / "cells" / "gspo-s2.json").exists()
 
 
 def _cells(table: list[list[int]]) -> list[dict]:
