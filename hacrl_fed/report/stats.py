@@ -59,7 +59,7 @@ import numpy as np
 from scipy import stats as _sps
 
 __all__ = ["Components", "PairedResult", "Plan", "align", "paired_differences", "variance_components",
-           "var_of_mean", "t_quantile", "mde_multiplier", "mde", "paired_analysis", "seeds_for", "plan",
+           "var_of_mean", "t_quantile", "mde_multiplier", "mde", "paired_analysis", "items_analysis", "seeds_for", "plan",
            "iqm", "stratified_bootstrap", "bootstrap_interval"]
 
 MAX_CELLS = 10_000_000
@@ -219,6 +219,29 @@ def paired_analysis(d, level: float = 0.95, power: float = 0.8) -> PairedResult:
     half = t_quantile(1 - (1 - level) / 2, n - 1) * se
     return PairedResult(mean, mean - half, mean + half, se, n - 1, mde(c, n, m, 1 - level, power), n, m,
                         per_seed, c)
+
+
+def items_analysis(d, level: float = 0.95, power: float = 0.8) -> PairedResult:
+    """Mean paired difference of one run per side over ``m`` items (``d`` of shape ``(m,)`` or ``(1, m)``): for a
+    comparison with no seed term, e.g. two engines evaluating the same fixed model greedily. The items are the
+    only random facet, so SE = sd(D) / √m and the interval and MDE use t on m − 1 degrees of freedom (the
+    one-sample paired t). ``components`` is None (σ²_problem and σ²_resid cannot be told apart with one run);
+    ``per_seed`` is the one mean. nan below 2 items."""
+    d = _table(np.asarray(d, dtype=float).reshape(1, -1), "differences")
+    m = d.shape[1]
+    if not d.size:
+        raise ValueError("no paired items")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    mean = float(d.mean())
+    if m < 2:
+        nan = float("nan")
+        return PairedResult(mean, nan, nan, nan, m - 1, nan, 1, m, (mean,), None)
+    var = float(d.var(ddof=1))
+    se = math.sqrt(var / m)
+    half = t_quantile(1 - (1 - level) / 2, m - 1) * se
+    return PairedResult(mean, mean - half, mean + half, se, m - 1, mde_multiplier(m - 1, 1 - level, power) * se,
+                        1, m, (mean,), None)
 
 
 def seeds_for(c: Components, m: int, target: float, *, alpha: float = 0.05, power: float = 0.8,

@@ -202,3 +202,16 @@ def test_the_fast_iqm_bootstrap_equals_the_general_one():
     slow = stats.stratified_bootstrap(a, lambda x: stats.iqm(x), other=b, reps=300, seed=7)
     fast = stats.stratified_bootstrap(a, other=b, reps=300, seed=7)
     assert fast.shape == (300,) and np.allclose(slow, fast)
+
+
+def test_items_analysis_by_hand():
+    """One run per side, 8 items: D = 1 on 3 items, 0 on 5; mean 3/8, var (ddof 1) = 1.875/7, SE = √(var/8);
+    t_{0.975, 7} = 2.364624, t_{0.80, 7} = 0.896030 (tables)."""
+    r = stats.items_analysis([1, 0, 0, 1, 1, 0, 0, 0])
+    se = math.sqrt(1.875 / 7 / 8)
+    assert (r.mean, r.df, r.n, r.m) == (0.375, 7, 1, 8) and r.se == pytest.approx(se)
+    assert (r.low, r.high) == pytest.approx((0.375 - 2.364624 * se, 0.375 + 2.364624 * se), abs=1e-5)
+    assert r.mde == pytest.approx((2.364624 + 0.896030) * se, abs=1e-5)
+    assert r.components is None and math.isnan(stats.items_analysis([1]).se)
+    with pytest.raises(ValueError, match="level"):
+        stats.items_analysis([1, 0], level=1.5)
