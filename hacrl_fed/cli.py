@@ -241,9 +241,9 @@ def eval_cmd(
 
     from pydantic import ValidationError
 
-    from hacrl_fed.config import VLLM_DEVICES, format_validation_error
+    from hacrl_fed.config import format_validation_error, vllm_devices
 
-    if engine == "vllm" and device not in VLLM_DEVICES:
+    if engine == "vllm" and device not in vllm_devices():
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
@@ -503,9 +503,9 @@ def route_eval_cmd(
 
     if cost not in COST_KINDS:
         fail(f"--cost must be one of {', '.join(COST_KINDS)}, got {cost!r}")
-    from hacrl_fed.config import VLLM_DEVICES
+    from hacrl_fed.config import vllm_devices
 
-    if engine == "vllm" and device not in VLLM_DEVICES:
+    if engine == "vllm" and device not in vllm_devices():
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)

