@@ -2,22 +2,30 @@
 
 For every model of the pair and every candidate (task, level) of :data:`CANDIDATES`, the held-out items
 (generator seeds ``0 … n−1``, exactly the held-out problems a ``reasoning_gym`` run evaluates) are answered
-greedily (avg@1) and with 4 samples at temperature 1 (avg@4, the rollouts' sampling), with the model's prompt
-and system prompt of ``--config``, verified as in training (math-verify for numbers, the task's scorer
-otherwise; :mod:`hacrl_fed.data.tasks`). Besides accuracy each cell records why responses failed: cut at the
-token limit, no box, a boxed wrong answer.
+greedily (avg@1) and with K samples (``--samples``, default 4) at temperature T (``--temperature``, default 1;
+avg@K), with the model's prompt and system prompt of ``--config``, verified as in training (math-verify for
+numbers, the task's scorer otherwise; :mod:`hacrl_fed.data.tasks`). Besides accuracy each cell records why
+responses failed: cut at the token limit, no box, a boxed wrong answer.
+
+From the K samples the summary gives pass@k for k in :data:`PASS_KS` up to K (:func:`pass_at_k`, the unbiased
+estimator of Chen et al. 2021, arXiv 2107.03374, eq. 1) and calls a (task, learner) one with headroom
+(:func:`headroom`) when pass@16 > 0 (some sample right: a group of its own samples can carry a gradient) and
+greedy and avg@K are below 60 % (not already solved).
 
 Resumable: each finished (model, task, level) cell goes to ``<out>/cells/<agent>--<label>.json`` and is
 skipped next time; ``--summary-only`` rebuilds ``results.md`` / ``results.json``.
 
     python benchmarks/task_baseline.py --out benchmarks/results/task-baseline               # both models
     python benchmarks/task_baseline.py --out /tmp/tb --agents smollm2 --tasks chain_sum-l1 --problems 4
+    python benchmarks/task_baseline.py --out /tmp/tb16 --prompt short --max-new-tokens 32 --temperature 0.7 \
+        --samples 16 --tasks chain_sum-l1                                                   # pass@1, @4, @16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -40,6 +48,22 @@ SHORT_PROMPT = ("Answer with the final result only, in the form \\boxed{answer}.
 go astray at temperature 1; the example is worked (7 − 4), not a bare number, for the reason above."""
 
 PROMPTS = {"cot": SYSTEM_PROMPT, "short": SHORT_PROMPT}
+
+SAMPLES_MIN, SAMPLES_MAX = 1, 64
+"""Bounds of ``--samples`` (sampled responses per item): at least one, at most 64 (a cell of 24 items × 64
+samples is already 1536 generations per model and task)."""
+
+PASS_KS = (1, 4, 16)
+"""The k of the pass@k columns; a cell reports those k ≤ its samples."""
+
+HEADROOM_K = 16
+"""The k of the headroom rule: pass@16 > 0."""
+
+HEADROOM_MAX = 0.6
+"""The accuracy (greedy and avg@K, a fraction) at or above which a task counts as already solved."""
+
+DEFAULTS = {"temperature": 1.0, "samples": 4}
+"""Settings an output directory's ``meta.json`` has when it lacks the key (directories from before the option)."""
 
 CANDIDATES: dict[str, tuple[str, dict]] = {
     # label: (generator, config) — two or three difficulty levels per generator
@@ -85,7 +109,11 @@ CANDIDATES: dict[str, tuple[str, dict]] = {
 
 
 def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens: int,
-             temperature: float = 1.0) -> dict:
+             temperature: float = 1.0, samples: int = 4) -> dict:
+    """One (model, task) cell: ``n`` held-out items of ``label`` answered greedily once (record ``greedy``) and
+    ``samples`` times at ``temperature`` (record ``sampled``); each record holds ``correct`` (item id → right
+    responses of its ``samples``), ``samples``, ``accuracy`` (a fraction), outcome shares, mean response tokens,
+    an example and its seconds."""
     from hacrl_fed.config import TaskSpec
     from hacrl_fed.config import DEFAULT_INSTRUCTION
     from hacrl_fed.data.tasks import generate_task
@@ -97,40 +125,104 @@ def run_cell(engine, lm, verifier, model_cfg, label: str, n: int, max_new_tokens
     problems = generate_task(spec, seed=0, size=n, held_out=True, instruction=DEFAULT_INSTRUCTION)
     items = [EvalItem(p.id, p.problem, p.answer, p.answer_style) for p in problems]
     out: dict = {"label": label, "generator": generator, "config": config, "problems": n}
-    for name, samples, temp in (("greedy", 1, 0.0), ("sampled", 4, temperature)):
+    for name, size, temp in (("greedy", 1, 0.0), ("sampled", samples, temperature)):
         t = time.perf_counter()
-        res = evaluate_items(engine, lm.tokenizer, verifier, items, samples=samples,
+        res = evaluate_items(engine, lm.tokenizer, verifier, items, samples=size,
                              sampling=Sampling(temperature=temp, max_new_tokens=max_new_tokens), seed=0,
                              system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
-                             max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=max(1, 32 // samples))
+                             max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=max(1, 32 // size))
         kinds = [outcome(v, r, f) for x in res for v, r, f in zip(x.verdicts, x.reasons, x.finish_reasons)]
-        out[name] = {"correct": {x.prompt_id: x.correct for x in res}, "samples": samples,
-                     "accuracy": sum(x.correct for x in res) / (samples * len(res)),
+        out[name] = {"correct": {x.prompt_id: x.correct for x in res}, "samples": size,
+                     "accuracy": sum(x.correct for x in res) / (size * len(res)),
                      "outcomes": {k: kinds.count(k) / len(kinds) for k in sorted(set(kinds))},
                      "tokens_mean": statistics.fmean(t for x in res for t in x.response_tokens),
                      "example": res[0].responses[0][:300], "seconds": time.perf_counter() - t}
     return out
 
 
-def signal_share(*correct: dict[str, int], samples: int = 4) -> float:
+def signal_share(*correct: dict[str, int], samples: int | tuple[int, ...] = 4) -> float:
     """Share of problems whose group carries a gradient: some of its samples right and some wrong.
 
     ``correct``: one map per agent, problem id → right samples of ``samples`` (the ``sampled`` record of a cell).
-    With one map it is that agent's group of ``samples``; with several, the joint group of all of them (the
-    HACPO group, the paper's Eq. 6–7). Problems missing from a map count as all wrong. A group whose rewards are
-    all equal has advantage 0 exactly, in GRPO, GSPO and HACPO alike
-    (:func:`hacrl_fed.algo.advantages.group_advantages`), so this share bounds how much of a task a step can teach.
+    ``samples``: the group size of every map, or one per map (cells of different ``--samples``). With one map
+    it is that agent's group of its samples; with several, the joint group of all of them (the HACPO group, the
+    paper's Eq. 6–7). Problems missing from a map count as all wrong. A group whose rewards are all equal has
+    advantage 0 exactly, in GRPO, GSPO and HACPO alike (:func:`hacrl_fed.algo.advantages.group_advantages`), so
+    this share bounds how much of a task a step can teach. Raises ``ValueError`` when ``samples`` is a tuple of
+    another length than ``correct``.
 
     >>> signal_share({"a": 0, "b": 2, "c": 4})
     0.3333333333333333
     >>> signal_share({"a": 0, "b": 4}, {"a": 1, "b": 4})
     0.5
+    >>> signal_share({"a": 16}, {"a": 0}, samples=(16, 4))
+    1.0
     """
+    sizes = (samples,) * len(correct) if isinstance(samples, int) else tuple(samples)
+    if len(sizes) != len(correct):
+        raise ValueError(f"{len(sizes)} group sizes for {len(correct)} maps")
     ids = sorted(set().union(*correct))
     if not ids:
         return 0.0
-    full = samples * len(correct)
+    full = sum(sizes)
     return sum(0 < sum(c.get(i, 0) for c in correct) < full for i in ids) / len(ids)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one item: the probability that at least one of k samples drawn without replacement
+    from its ``n`` samples, ``c`` of them right, is right: ``1 − C(n − c, k) / C(n, k)`` (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", arXiv 2107.03374, eq. 1; 1 when ``n − c < k``).
+
+    Exact in integers up to the one division. Raises ``ValueError`` unless ``0 ≤ c ≤ n`` and ``1 ≤ k ≤ n``.
+
+    >>> pass_at_k(4, 1, 2)      # 1 − C(3, 2) / C(4, 2) = 1 − 3/6
+    0.5
+    >>> pass_at_k(4, 1, 1), pass_at_k(16, 0, 16), pass_at_k(16, 1, 16)
+    (0.25, 0.0, 1.0)
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"right samples c must be in 0..n = {n}, got {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in 1..n = {n}, got {k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def task_pass_at_k(correct: dict[str, int], n: int, k: int) -> float:
+    """pass@k of a task: the mean of :func:`pass_at_k` over its items. ``correct``: item id → right samples of
+    ``n`` (a cell's ``sampled`` record). pass@1 is the task's avg@n. An empty map gives 0.0; errors as
+    :func:`pass_at_k`.
+
+    >>> task_pass_at_k({"a": 1, "b": 0}, 4, 2)
+    0.25
+    """
+    if not correct:
+        return 0.0
+    return statistics.fmean(pass_at_k(n, c, k) for c in correct.values())
+
+
+def cell_pass_at(sampled: dict) -> dict[int, float]:
+    """pass@k, a fraction, for each k of :data:`PASS_KS` at most the record's samples. ``sampled``: a cell's
+    ``sampled`` record (``correct`` and ``samples``; records written before ``--samples`` carry 4)."""
+    n = int(sampled.get("samples", 4))
+    return {k: task_pass_at_k(sampled["correct"], n, k) for k in PASS_KS if k <= n}
+
+
+def headroom(cell: dict) -> bool | None:
+    """Whether a (task, learner) cell has headroom: pass@16 > 0 at the cell's temperature (some item answered
+    right at least once, so a group of the learner's own samples can carry a gradient) and both greedy accuracy
+    and avg@K below :data:`HEADROOM_MAX` (the task is not already solved).
+
+    With fewer than 16 samples pass@16 cannot be estimated: a cell with some right sample has headroom all the
+    same (pass@16 ≥ pass@K > 0 for the true rates) unless it is solved, and one with none is ``None``
+    (undecided: pass@16 may still be above 0).
+    """
+    g, s = cell["greedy"]["accuracy"], cell["sampled"]["accuracy"]
+    if g >= HEADROOM_MAX or s >= HEADROOM_MAX:
+        return False
+    some_right = any(c > 0 for c in cell["sampled"]["correct"].values())
+    if some_right:
+        return True
+    return False if int(cell["sampled"].get("samples", 4)) >= HEADROOM_K else None
 
 
 def _signal_table(by: dict, agents: list[str], labels: list[str]) -> list[str]:
@@ -140,40 +232,67 @@ def _signal_table(by: dict, agents: list[str], labels: list[str]) -> list[str]:
     if not rows:
         return []
     joint = len(agents) > 1
+    ks = sorted({int(by[(a, lb)]["sampled"].get("samples", 4)) for a in agents for lb in rows})
     lines = ["", "## Groups that carry a gradient", "",
              "Share of the problems, %, whose sampled group has some right and some wrong responses (otherwise "
-             "every advantage of the group is 0 and the task teaches nothing): each model's own group of its "
-             "samples" + (", and the joint group of both models' samples, as HACPO forms it (the paper's Eq. 6–7)"
-                          if joint else "") + ". Training on a task none of whose groups carries a gradient changes "
+             "every advantage of the group is 0 and the task teaches nothing): each model's own group of its K = "
+             + "/".join(map(str, ks)) + " samples (some right and some wrong of K)"
+             + (", and the joint group of both models' samples, as HACPO forms it (the paper's Eq. 6–7)"
+                if joint else "") + ". Training on a task none of whose groups carries a gradient changes "
              "nothing, under any recipe.", "",
              "| task | " + " | ".join(f"{a} alone" for a in agents) + (" | joint |" if joint else " |"),
              "|---|" + "---|" * (len(agents) + joint)]
     for lb in rows:
         maps = [by[(a, lb)]["sampled"]["correct"] for a in agents]
-        k = by[(agents[0], lb)]["sampled"].get("samples", 4)
-        cells = [f"{100 * signal_share(m, samples=k):.0f}" for m in maps]
+        sizes = tuple(int(by[(a, lb)]["sampled"].get("samples", 4)) for a in agents)
+        cells = [f"{100 * signal_share(m, samples=k):.0f}" for m, k in zip(maps, sizes)]
         if joint:
-            cells.append(f"{100 * signal_share(*maps, samples=k):.0f}")
+            cells.append(f"{100 * signal_share(*maps, samples=sizes):.0f}")
         lines.append(f"| {lb} | " + " | ".join(cells) + " |")
     return lines
 
 
+def _headroom_mark(h: bool | None) -> str:
+    return {True: "yes", False: "no", None: "?"}[h]
+
+
 def summarize(out: Path) -> dict:
+    """Write ``<out>/results.md`` and ``<out>/results.json`` from ``<out>/cells/*.json`` and ``<out>/meta.json``.
+
+    Per (task, learner): greedy accuracy, pass@k for each k of :data:`PASS_KS` the cell's samples allow (pass@1
+    = avg@K), the shares of sampled responses truncated / with no stated answer, and :func:`headroom`; then the
+    gradient table (:func:`_signal_table`). Percentages in the markdown, fractions in the JSON, whose ``cells``
+    map ``<agent>--<label>`` to ``greedy``, ``sampled`` (avg@K), ``samples`` (K), ``pass_at`` (``{"1": …,
+    "4": …, "16": …}``, the k available) and ``headroom`` (true, false or null = undecided). Cells written
+    before ``--samples`` (4 samples) read as K = 4. Raises ``FileNotFoundError`` without ``meta.json``.
+    """
     cells = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))]
     agents = sorted({c["agent"] for c in cells})
     labels = [lb for lb in CANDIDATES if any(c["label"] == lb for c in cells)]
     by = {(c["agent"], c["label"]): c for c in cells}
     meta = json.loads((out / "meta.json").read_text())
+    sizes = sorted({int(c["sampled"].get("samples", 4)) for c in cells}) or [int(meta.get("samples", 4))]
+    ks = [k for k in PASS_KS if k <= max(sizes)]
+    kname = "/".join(map(str, sizes))
+    pass_cols = [f"pass@{k}" + (f" (= avg@{kname})" if k == 1 else "") for k in ks]
     lines = ["# Base accuracy on candidate reasoning-gym tasks", "",
              "Commands: " + ", ".join(f"`{c}`" for c in meta["commands"]), "",
              f"System prompt: `{meta['system_prompt']}`; at most {meta['max_new_tokens']} new tokens.", "",
-             "Held-out items (generator seeds 0 … n−1), greedy avg@1 and avg@4 at temperature "
-             f"{meta.get('temperature', 1.0):g}, %; "
-             "`trunc` = share of sampled responses cut at the token limit, `no box` = sampled responses with no "
-             "stated answer. A cell in the 5–60 % band for both models (avg@4) has headroom for both.", "",
-             "| task | generator config | n | " + " | ".join(f"{a} greedy | {a} avg@4 | {a} trunc / no box"
-                                                           for a in agents) + " |",
-             "|---|---|---|" + "---|---|---|" * len(agents)]
+             f"Held-out items (generator seeds 0 … n−1), greedy avg@1 and {kname} samples per item at temperature "
+             f"{meta.get('temperature', 1.0):g}, %: pass@k for k = {', '.join(map(str, ks))} (the unbiased "
+             "estimator of Chen et al. 2021, arXiv 2107.03374, eq. 1, over the samples of each item; pass@1 is "
+             "avg@K, a k above a cell's samples is `–`); `trunc` = share of sampled responses cut at the token "
+             "limit, `no box` = sampled responses with no stated answer.", "",
+             f"**Headroom** (`room`): pass@{HEADROOM_K} > 0 (some sample right, so a group of the learner's own "
+             f"samples can carry a gradient) and greedy and avg@K both below {100 * HEADROOM_MAX:.0f} % (not "
+             f"already solved). With fewer than {HEADROOM_K} samples a cell with a right sample counts as yes "
+             f"(pass@{HEADROOM_K} ≥ pass@K > 0) and one with none is `?` (undecided). Tasks are chosen by "
+             "this, per learner, not by greedy accuracy: a family a learner solves sometimes can carry a "
+             "gradient.", "",
+             "| task | generator config | n | " + " | ".join(
+                 " | ".join([f"{a} greedy", *(f"{a} {p}" for p in pass_cols), f"{a} trunc / no box", f"{a} room"])
+                 for a in agents) + " |",
+             "|---|---|---|" + "---|" * ((len(ks) + 3) * len(agents))]
     for lb in labels:
         gen, cfg = CANDIDATES[lb]
         row = [lb, "`" + json.dumps(cfg, separators=(",", ":")) + "`"]
@@ -182,16 +301,23 @@ def summarize(out: Path) -> dict:
         for a in agents:
             c = by.get((a, lb))
             if c is None:
-                row += ["–", "–", "–"]
+                row += ["–"] * (len(ks) + 3)
                 continue
             o = c["sampled"]["outcomes"]
-            row += [f"{100 * c['greedy']['accuracy']:.1f}", f"{100 * c['sampled']['accuracy']:.1f}",
-                    f"{100 * o.get('truncated', 0):.0f} / {100 * o.get('no_answer', 0):.0f}"]
+            pk = cell_pass_at(c["sampled"])
+            row += [f"{100 * c['greedy']['accuracy']:.1f}",
+                    *(f"{100 * pk[k]:.1f}" if k in pk else "–" for k in ks),
+                    f"{100 * o.get('truncated', 0):.0f} / {100 * o.get('no_answer', 0):.0f}",
+                    _headroom_mark(headroom(c))]
         lines.append("| " + " | ".join(row) + " |")
     lines += _signal_table(by, agents, labels)
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    summary = {"agents": agents, "cells": {f"{a}--{lb}": {k: by[(a, lb)][k]["accuracy"] for k in ("greedy", "sampled")}
-                                           for (a, lb) in by}}
+    summary = {"agents": agents, "temperature": meta.get("temperature", DEFAULTS["temperature"]),
+               "cells": {f"{a}--{lb}": {"greedy": c["greedy"]["accuracy"], "sampled": c["sampled"]["accuracy"],
+                                        "samples": int(c["sampled"].get("samples", 4)),
+                                        "pass_at": {str(k): v for k, v in cell_pass_at(c["sampled"]).items()},
+                                        "headroom": headroom(c)}
+                         for (a, lb), c in by.items()}}
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -206,11 +332,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompt", choices=sorted(PROMPTS), default="cot",
                         help="system prompt: cot (step by step, the default) or short (the answer alone)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of avg@4")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of avg@K")
+    parser.add_argument("--samples", type=int, default=4,
+                        help=f"sampled responses per item, K ({SAMPLES_MIN}..{SAMPLES_MAX}; default 4): avg@K, "
+                             "pass@1/4/16 up to K, the groups of the gradient table")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args(argv)
+    if not SAMPLES_MIN <= args.samples <= SAMPLES_MAX:
+        parser.error(f"--samples must be in {SAMPLES_MIN}..{SAMPLES_MAX}, got {args.samples}")
     out = args.out.resolve()
     if args.summary_only:
         summarize(out)
@@ -237,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     meta_path = out / "meta.json"
     old = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     settings = {"system_prompt": PROMPTS[args.prompt], "max_new_tokens": args.max_new_tokens,
-                "temperature": args.temperature}
-    clash = [k for k, v in settings.items() if k in old and old[k] != v and not (k == "temperature" and v == 1.0)]
+                "temperature": args.temperature, "samples": args.samples}
+    # a meta.json without temperature / samples was written at their defaults (T = 1, 4 samples)
+    clash = [k for k, v in settings.items()
+             if old and (k in old or k in DEFAULTS) and old.get(k, DEFAULTS.get(k)) != v]
     if clash:
         parser.error(f"{out} holds cells made with other settings ({', '.join(clash)}); use another --out")
     commands = old.get("commands", [])
@@ -260,11 +393,13 @@ def main(argv: list[str] | None = None) -> int:
             for lb in todo:
                 t = time.perf_counter()
                 cell = run_cell(engine, lm, verifier, model_cfg, lb, args.problems, args.max_new_tokens,
-                                args.temperature)
+                                args.temperature, args.samples)
                 cell["agent"] = agent.name
                 (out / "cells" / f"{agent.name}--{lb}.json").write_text(json.dumps(cell, indent=1))
-                print(f"[{agent.name} {lb}] greedy {100 * cell['greedy']['accuracy']:.1f} %, avg@4 "
-                      f"{100 * cell['sampled']['accuracy']:.1f} %, {time.perf_counter() - t:.0f} s", flush=True)
+                pk = cell_pass_at(cell["sampled"])
+                print(f"[{agent.name} {lb}] greedy {100 * cell['greedy']['accuracy']:.1f} %, "
+                      + ", ".join(f"pass@{k} {100 * v:.1f} %" for k, v in pk.items())
+                      + f" ({args.samples} samples), {time.perf_counter() - t:.0f} s", flush=True)
                 summarize(out)
             del engine, lm
     summarize(out)
