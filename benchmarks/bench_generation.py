@@ -8,13 +8,18 @@ default pass). Prints one JSON line.
 
     python benchmarks/bench_generation.py --model smollm2-135m-instruct --prompts 16 --max-new-tokens 48
 
-``--engines A B`` compares two rollout engines (``hf``, ``loop``) instead, for every model × sequences ×
+``--engines A B`` compares two rollout engines (``hf``, ``loop``, ``ct2`` or any registered name, each built by its
+factory through the registry, ``--engine-options`` as ``model.engine_options``) instead, for every model × sequences ×
 new tokens × temperature of the grid (temperature 0 = greedy): runs alternate A, B, A, B … ``--reps`` times
 (``--reps-big`` for cells of ≥ 4096 sequence-tokens) in one process on ``--threads`` threads; each cell prints a
 JSON line with each engine's tokens/s (median), the ratio B / A of tokens/s within each pair (median, min, max)
 and where each engine's time went (mean seconds per run): ``prefill`` (the prompt forward), ``decode`` (the
 one-token forwards), ``logprobs`` (the ``hf`` engine's behaviour log-prob capture) and ``rest`` (sampling, EOS
-and stop checks, cache bookkeeping, Python: the run's wall time minus the three). ``--markdown`` adds the table.
+and stop checks, cache bookkeeping, Python: the run's wall time minus the three). An engine generating with its own
+copy of the weights (``ct2``, ``vllm``) has no observed prefill / decode (``null``, "–" in the table): its
+training-model forwards are the teacher-forced behaviour log-probs (``logprobs``) and ``rest`` is its generation;
+its weight refreshes (conversions, done in the warm-up) are listed as ``<engine>_refresh_s``. ``--markdown`` adds
+the table.
 
     python benchmarks/bench_generation.py --engines hf loop --model smollm2-135m-instruct gemma3-270m \\
         --prompts 16 64 --max-new-tokens 32 256 --temperature 0 0.7 --markdown
@@ -74,7 +79,7 @@ class _Timers:
         return out
 
 
-def _side_by_side(args, prompts_of, load) -> list[dict]:
+def _side_by_side(args, prompts_of, load, work_dir: str) -> list[dict]:
     import torch
 
     from hacrl_fed.rollout.engine import Sampling
@@ -82,9 +87,10 @@ def _side_by_side(args, prompts_of, load) -> list[dict]:
     torch.set_num_threads(args.threads)
     rows = []
     for model_name in args.model:
-        lm, load_s = load(model_name)
+        lm, model_cfg, load_s = load(model_name)
         timers = _Timers(lm.model)
-        engines = {name: _engine(name, lm, max(args.prompts)) for name in args.engines}
+        engines = {name: _engine(name, lm, model_cfg, max(args.prompts), work_dir, args.engine_options)
+                   for name in args.engines}
         prompts_all = prompts_of(lm.tokenizer, max(args.prompts))
         for name, eng in engines.items():                       # warm-up (first-call allocations, lazy imports)
             eng.generate(prompts_all[:2], 1, Sampling(temperature=0.7, max_new_tokens=4), args.seed)
@@ -100,27 +106,45 @@ def _side_by_side(args, prompts_of, load) -> list[dict]:
                             cpu = time.process_time()
                             s, tokens = _run(engines[name], prompts_all[:n], sp, args.seed + rep)
                             cpu = time.process_time() - cpu
-                            parts = timers.take()
-                            parts["rest"] = s - sum(parts.values())
-                            runs[name].append((s, tokens, parts, cpu))
-                    rows.append(_cell(model_name, lm, load_s, n, new, temp, args, runs))
+                            runs[name].append((s, tokens, _parts(name, timers.take(), s), cpu))
+                    rows.append(_cell(model_name, lm, load_s, n, new, temp, args, runs, engines))
                     print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def _engine(name: str, lm, max_batch: int):
-    from hacrl_fed.rollout.engine import HFRolloutEngine
-
-    if name == "hf":
-        return HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch)
-    if name == "loop":
-        from hacrl_fed.rollout.decode_loop import LoopRolloutEngine
-
-        return LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=max_batch)
-    raise SystemExit(f"--engines: unknown engine {name!r} (hf, loop)")
+OWN_WEIGHTS = ("ct2", "vllm")
+"""Engines that generate with their own copy of the weights: the training model's forwards during their runs are
+the teacher-forced behaviour log-probs, and their prefill / decode split is not observed (shown as "–")."""
 
 
-def _cell(model_name, lm, load_s, n, new, temp, args, runs) -> dict:
+def _engine(name: str, lm, model_cfg, max_batch: int, work_dir: str, options: dict):
+    """The engine ``name`` through the registry's factory (:func:`hacrl_fed.worker.engines.build_engine`)."""
+    from hacrl_fed.worker.engines import build_engine
+
+    cfg = model_cfg.model_copy(update={"engine": name, "engine_options": options})
+    try:
+        return build_engine(lm, cfg, max_batch_sequences=max_batch, work_dir=f"{work_dir}/{name}")
+    except ImportError as err:
+        raise SystemExit(f"--engines: {err}") from None
+
+
+def _parts(name: str, parts: dict[str, float], wall: float) -> dict[str, float | None]:
+    """One run's split: the timers' own, or for an :data:`OWN_WEIGHTS` engine every training-model forward counted
+    as behaviour log-probs and no prefill / decode."""
+    if name in OWN_WEIGHTS:
+        parts = {"prefill": None, "decode": None,
+                 "logprobs": parts["prefill"] + parts["decode"] + parts["logprobs"]}
+    out: dict[str, float | None] = dict(parts)
+    out["rest"] = wall - sum(v for v in parts.values() if v is not None)
+    return out
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return None if any(v is None for v in values) else round(statistics.mean(values), 2)
+
+
+def _cell(model_name, lm, load_s, n, new, temp, args, runs, engines) -> dict:
     a, b = args.engines
     rate = {name: [t / s for s, t, *_ in r] for name, r in runs.items()}
     cpu_rate = {name: [t / c for _, t, _, c in r] for name, r in runs.items()}
@@ -132,8 +156,10 @@ def _cell(model_name, lm, load_s, n, new, temp, args, runs) -> dict:
         **{f"{name}_tokens_per_s": round(statistics.median(rate[name]), 1) for name in runs},
         **{f"{name}_tokens_per_cpu_s": round(statistics.median(cpu_rate[name]), 1) for name in runs},
         **{f"{name}_tokens": [t for _, t, *_ in runs[name]] for name in runs},
-        **{f"{name}_parts_s": {k: round(statistics.mean(p[k] for _, _, p, _ in runs[name]), 2)
+        **{f"{name}_parts_s": {k: _mean(p[k] for _, _, p, _ in runs[name])
                                for k in ("prefill", "decode", "logprobs", "rest")} for name in runs},
+        **{f"{name}_refresh_s": [round(x, 2) for x in engines[name].refresh_seconds]
+           for name in runs if hasattr(engines[name], "refresh_seconds")},
         "ratio": round(statistics.median(ratios), 2), "ratio_min": round(min(ratios), 2),
         "ratio_max": round(max(ratios), 2), "cpu_ratio": round(statistics.median(cpu_ratios), 2),
         "cpu_ratio_min": round(min(cpu_ratios), 2), "cpu_ratio_max": round(max(cpu_ratios), 2),
@@ -144,7 +170,7 @@ def _markdown(rows: list[dict], engines: list[str]) -> str:
     a, b = engines
     lines = [f"| model | seqs × new tokens | T | {a} tokens/s (per CPU s) | {b} tokens/s (per CPU s) "
              f"| {b} / {a} wall, median [min, max] (pairs) | {b} / {a} CPU | {a}: prefill / decode / log-probs / rest s "
-             f"| {b}: prefill / decode / rest s |",
+             f"| {b}: prefill / decode / log-probs / rest s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pa, pb = r[f"{a}_parts_s"], r[f"{b}_parts_s"]
@@ -153,9 +179,12 @@ def _markdown(rows: list[dict], engines: list[str]) -> str:
             f"| {r[f'{a}_tokens_per_s']} ({r[f'{a}_tokens_per_cpu_s']}) | {r[f'{b}_tokens_per_s']} "
             f"({r[f'{b}_tokens_per_cpu_s']}) | {r['ratio']}× [{r['ratio_min']}, {r['ratio_max']}] ({r['pairs']}) "
             f"| {r['cpu_ratio']}× [{r['cpu_ratio_min']}, {r['cpu_ratio_max']}] "
-            f"| {pa['prefill']} / {pa['decode']} / {pa['logprobs']} / {pa['rest']} "
-            f"| {pb['prefill']} / {pb['decode']} / {pb['rest']} |")
+            f"| {_split(pa)} | {_split(pb)} |")
     return "\n".join(lines)
+
+
+def _split(parts: dict) -> str:
+    return " / ".join("–" if parts[k] is None else str(parts[k]) for k in ("prefill", "decode", "logprobs", "rest"))
 
 
 def main() -> None:
@@ -166,7 +195,10 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0], help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--engines", nargs=2, metavar=("A", "B"), help="compare two engines (hf, loop) on the grid")
+    parser.add_argument("--engines", nargs=2, metavar=("A", "B"),
+                        help="compare two engines (hf, loop, ct2 or any registered name) on the grid")
+    parser.add_argument("--engine-options", type=json.loads, default={}, metavar="JSON",
+                        help="model.engine_options of both engines (--engines), e.g. '{\"compute_type\": \"float32\"}'")
     parser.add_argument("--reps", type=int, default=3, help="A, B pairs per cell (--engines)")
     parser.add_argument("--reps-big", type=int, default=1, help="pairs per cell of >= 4096 sequence-tokens")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (--engines)")
@@ -193,16 +225,19 @@ def main() -> None:
             from model_cache import hf_dir
 
             name = str(hf_dir(name))
-        lm = load_model(ModelConfig(name_or_path=name, device=args.device))
-        return lm, time.perf_counter() - t0
+        cfg = ModelConfig(name_or_path=name, device=args.device)
+        return load_model(cfg), cfg, time.perf_counter() - t0
 
     if args.engines:
-        rows = _side_by_side(args, prompts_of, load)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="bench-generation-") as work_dir:   # engines' converted models
+            rows = _side_by_side(args, prompts_of, load, work_dir)
         if args.markdown:
             print(_markdown(rows, args.engines))
         return
     name, n, new, temp = args.model[0], args.prompts[0], args.max_new_tokens[0], args.temperature[0]
-    lm, t_load = load(name)
+    lm, _, t_load = load(name)
     prompts = prompts_of(lm.tokenizer, n)
     sampling = Sampling(temperature=temp, max_new_tokens=new)
     batched = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=n)

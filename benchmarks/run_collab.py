@@ -115,7 +115,7 @@ def _cli() -> argparse.ArgumentParser:
                         help="environment variable holding the endpoint's API key (with a URL)")
     parser.add_argument("--contributor-device", default="cpu", help="device of the served model (default: cpu)")
     parser.add_argument("--engine", metavar="NAME", help="every learner's rollout engine (model.engine: hf, loop, "
-                        "vllm or a registered one; docs/engines.md). Default: the config's")
+                        "ct2, vllm or a registered one; docs/engines.md). Default: the config's")
     return parser
 
 

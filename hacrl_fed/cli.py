@@ -57,7 +57,8 @@ def fail(message: str, code: int = 2) -> None:
 
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a decode loop on the same model: "
-               "finished rows leave the batch) | vllm (needs device cuda and vllm installed "
+               "finished rows leave the batch) | ct2 (CTranslate2, int8, CPU; pip install "
+               "'hacrl-fed[fast]') | vllm (needs device cuda and vllm installed "
                "in this environment: docs/engines.md) | a registered engine or package.module:factory "
                "(docs/extending.md).")
 

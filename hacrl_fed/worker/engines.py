@@ -4,8 +4,8 @@ docs/engines.md, docs/extending.md).
 
 :func:`build_engine` is the one place that builds one, through the engine's factory
 (:class:`~hacrl_fed.rollout.factory.EngineRequest` → :class:`~hacrl_fed.rollout.engine.RolloutEngine`); the
-built-in factories are :func:`hf_engine` and :func:`vllm_engine`. The vLLM engine's module (and vllm itself) is
-imported only when it is asked for.
+built-in factories are :func:`hf_engine`, :func:`loop_engine`, :func:`ct2_engine` and :func:`vllm_engine`. The vLLM
+and CTranslate2 engines' modules (and vllm / ctranslate2 themselves) are imported only when they are asked for.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.rollout.engine import HFRolloutEngine, RolloutEngine
 from hacrl_fed.rollout.factory import EngineRequest
 
-__all__ = ["build_engine", "hf_engine", "loop_engine", "require_engine", "vllm_engine"]
+__all__ = ["build_engine", "ct2_engine", "hf_engine", "loop_engine", "require_engine", "vllm_engine"]
 
 
 def hf_engine(request: EngineRequest) -> RolloutEngine:
@@ -37,6 +37,32 @@ def loop_engine(request: EngineRequest) -> RolloutEngine:
                              logprob_chunk_tokens=request.logprob_chunk_tokens, stop_strings=request.stop_strings,
                              behaviour_logprobs=request.model_cfg.behaviour_logprobs,
                              autocast_dtype=request.autocast_dtype)
+
+
+def ct2_engine(request: EngineRequest) -> RolloutEngine:
+    """``model.engine = "ct2"``: a :class:`~hacrl_fed.rollout.ct2_engine.CT2RolloutEngine` (CTranslate2, int8 by
+    default, on the CPU; docs/engines.md), its converted model kept in ``work_dir``. ``model.engine_options``:
+    ``compute_type``, ``threads``. Raises ``CT2UnavailableError`` (an ``ImportError``, one line) without ctranslate2
+    or for an architecture its converter does not know; ``ValueError`` for bad options, a model off the CPU or
+    ``behaviour_logprobs = "generation"``."""
+    _check_ct2()
+    from hacrl_fed.rollout.ct2_engine import CT2RolloutEngine, CT2Settings
+
+    return CT2RolloutEngine(request.model, request.tokenizer, work_dir=request.work_dir,
+                            settings=CT2Settings.from_options(request.options),
+                            max_batch_sequences=request.max_batch_sequences,
+                            logprob_chunk_tokens=request.logprob_chunk_tokens, stop_strings=request.stop_strings,
+                            behaviour_logprobs=request.model_cfg.behaviour_logprobs,
+                            autocast_dtype=request.autocast_dtype)
+
+
+def _check_ct2() -> None:
+    from hacrl_fed.rollout.ct2_engine import require_ct2
+
+    require_ct2()
+
+
+ct2_engine.check_installed = _check_ct2  # type: ignore[attr-defined]
 
 
 def vllm_engine(request: EngineRequest) -> RolloutEngine:
@@ -70,7 +96,8 @@ vllm_engine.check_installed = _check_vllm  # type: ignore[attr-defined]
 
 def require_engine(name: str) -> None:
     """The engine ``name`` can run here: its factory resolves and its ``check_installed()`` (if any) passes.
-    Raises ``ImportError`` (one line): ``VLLMUnavailableError`` for ``"vllm"`` without vllm, or an unknown name /
+    Raises ``ImportError`` (one line): ``VLLMUnavailableError`` for ``"vllm"`` without vllm, ``CT2UnavailableError`` for
+    ``"ct2"`` without ctranslate2, or an unknown name /
     a factory that does not import. Nothing heavy is imported for ``"hf"``."""
     try:
         factory = ROLLOUT_ENGINES.get_callable(name)

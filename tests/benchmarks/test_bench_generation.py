@@ -25,3 +25,17 @@ def test_two_engines_side_by_side_on_a_tiny_model(tiny_llama, bench):
     assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"] and r["cpu_ratio"] > 0
     assert set(r["hf_parts_s"]) == {"prefill", "decode", "logprobs", "rest"} and r["hf_parts_s"]["decode"] > 0
     assert r["loop_parts_s"]["logprobs"] == 0 and any(line.startswith("| ") and "×" in line for line in lines[1:])
+
+
+def test_an_engine_with_its_own_weights_side_by_side(tiny_llama, bench):
+    """``ct2`` is built through the registry: float32 greedy gives hf's tokens, no prefill / decode split ("–"), its
+    training-model forwards are the behaviour log-probs, its one refresh (the warm-up's conversion) is listed."""
+    proc = bench("bench_generation.py", "--engines", "hf", "ct2", "--engine-options", '{"compute_type": "float32"}',
+                 "--model", tiny_llama, "--prompts", "2", "--max-new-tokens", "4", "--temperature", "0", "--reps", "1",
+                 "--threads", "1", "--markdown")
+    lines = proc.stdout.strip().splitlines()
+    r = json.loads(lines[0])
+    assert r["hf_tokens"] == r["ct2_tokens"] and len(r["ct2_refresh_s"]) == 1
+    assert r["ct2_parts_s"]["prefill"] is None and r["ct2_parts_s"]["decode"] is None
+    assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] > 0 and r["hf_parts_s"]["decode"] > 0
+    assert any(line.startswith("| ") and "| – / – / " in line for line in lines[1:])
