@@ -34,13 +34,16 @@ from collab.evaluation import eval_sets_for, evaluate_sets  # noqa: E402
 from collab.recipes import PAIRS  # noqa: E402
 
 
-def evaluate_with(cfg, engine: str, threads: int | None) -> tuple[dict, float]:
-    """(learner → set → {item id: outcome}, evaluation seconds) of every learner of ``cfg`` under ``engine``."""
+def evaluate_with(cfg, engine: str, threads: int | None, options: dict | None = None) -> tuple[dict, float]:
+    """(learner → set → {item id: outcome}, evaluation seconds) of every learner of ``cfg`` under ``engine`` (with
+    ``options`` as every learner's ``model.engine_options`` when given)."""
     from inproc import Federation
 
     cfg = cfg.model_copy(deep=True)
     for agent in cfg.agents:
         agent.model.engine = engine
+        if options is not None:
+            agent.model.engine_options = dict(options)
     fed = Federation(cfg, threads=threads)
     try:
         eval_sets, evaluate, _ = eval_sets_for(fed, cfg, cfg.run.data.source == "reasoning_gym")
@@ -87,7 +90,8 @@ def compare(a: dict, b: dict) -> dict:
 
 def render(result: dict) -> str:
     a, b = result["engines"]
-    lines = [f"# Greedy outcomes under `{a}` and `{b}`", "", f"Command: `{result['command']}`", "",
+    opts = f" (`{json.dumps(result['options_b'])}`)" if result.get("options_b") else ""
+    lines = [f"# Greedy outcomes under `{a}` and `{b}`{opts}", "", f"Command: `{result['command']}`", "",
              f"Paired by item (B = `{b}` − A = `{a}`, points); interval: t on the items' m − 1 degrees of freedom "
              "(`hacrl_fed/report/stats.py`, `items_analysis`: a fixed model, no seed term). Evaluation seconds: "
              + ", ".join(f"`{e}` {s:.0f} s" if s is not None else f"`{e}` read from before.json"
@@ -108,6 +112,8 @@ def _cli() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="base simulate config (overrides --pair)")
     p.add_argument("--eval-size", type=int, default=None, help="held-out items per task (default: the config's)")
     p.add_argument("--engines", nargs=2, metavar=("A", "B"), default=["hf", "ct2"])
+    p.add_argument("--options-b", type=json.loads, default=None, metavar="JSON",
+                   help="engine B's model.engine_options, e.g. '{\"compute_type\": \"float32\"}'")
     p.add_argument("--before", type=Path, help="engine A's outcomes from a before.json (see the module docstring)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path, required=True)
@@ -138,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--before: {err}")
     else:
         outcomes_a, seconds_a = evaluate_with(cfg, a, args.threads)
-    outcomes_b, seconds_b = evaluate_with(cfg, b, args.threads)
+    if args.options_b is not None and not isinstance(args.options_b, dict):
+        parser.error("--options-b must be a JSON object")
+    outcomes_b, seconds_b = evaluate_with(cfg, b, args.threads, args.options_b)
     result = {"command": "python benchmarks/engine_agreement.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "engines": [a, b], "eval_s": {a: seconds_a, b: seconds_b},
+              "engines": [a, b], "options_b": args.options_b, "eval_s": {a: seconds_a, b: seconds_b},
               "comparison": compare(outcomes_a, outcomes_b), "outcomes": {a: outcomes_a, b: outcomes_b}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))

