@@ -65,8 +65,8 @@ from unittest import mock
 import torch
 
 from hacrl_fed.rollout.engine import (FinishReason, GeneratedSample, HFRolloutEngine, Sampling, checked_request,
-                                      complete_samples)
-from hacrl_fed.tokenization.retokenize import cut_at_stop_strings, decode_text, split_generated
+                                      complete_samples, stop_string_in_tail)
+from hacrl_fed.tokenization.retokenize import cut_at_stop_strings, split_generated
 
 __all__ = ["CT2RolloutEngine", "CT2Settings", "CT2UnavailableError", "CT2UnsupportedModelError", "FixedVocabTokenizer",
            "convert_to_ct2", "cpu_compute_types", "require_ct2", "seed_of"]
@@ -286,7 +286,6 @@ class _StopStrings:
 
     def __init__(self, tokenizer, stop_strings: Sequence[str], rows: int, eos_ids: Sequence[int]) -> None:
         self.tokenizer, self.stop_strings = tokenizer, tuple(stop_strings)
-        self.window = max(len(s) for s in self.stop_strings) + 4
         self.rows: list[list[int]] = [[] for _ in range(rows)]
         self.eos = set(eos_ids)
 
@@ -295,8 +294,7 @@ class _StopStrings:
         row.append(int(step.token_id))
         if row[-1] in self.eos:
             return False
-        tail = decode_text(self.tokenizer, row[-self.window:])
-        return any(s in tail for s in self.stop_strings)
+        return stop_string_in_tail(self.tokenizer, row, self.stop_strings)
 
 
 class CT2RolloutEngine:
@@ -381,7 +379,8 @@ class CT2RolloutEngine:
             for (pi, si), (ids, finish) in zip(chunk, self._generate_batch(generator, [prompts[pi] for pi, _ in chunk],
                                                                            sp), strict=True):
                 done.append((pi, si, ids, finish, None))
-        return complete_samples(self.scorer.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts, done, sp.logprob_temperature)
+        return complete_samples(self.scorer.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts, done,
+                                sp.logprob_temperature)
 
     def score(self, prompts, responses, temperature: float = 1.0):
         """Teacher-forced (Σ log-prob, count, per-token) under the training model (:meth:`HFRolloutEngine.score`)."""

@@ -27,13 +27,12 @@ then top-k, then top-p, at least one token kept). Under bf16 / fp16 (weights or 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from hacrl_fed.rollout.engine import FinishReason, HFRolloutEngine, Sampling, _row_logprobs
-from hacrl_fed.tokenization.retokenize import cut_at_stop_strings, decode_text, split_generated
+from hacrl_fed.rollout.engine import FinishReason, HFRolloutEngine, Sampling, _row_logprobs, stop_string_in_tail
+from hacrl_fed.tokenization.retokenize import cut_at_stop_strings, split_generated
 
 __all__ = ["LoopRolloutEngine", "truncate_logits"]
 
@@ -70,7 +69,6 @@ class LoopRolloutEngine(HFRolloutEngine):
         params = inspect.signature(base.forward).parameters
         self._keep_last = "logits_to_keep" in params
         self._cache_kw = "cache" if "cache" in params else "past_key_values"   # transformers renames it (5.40)
-        self._window = max((len(s) for s in self.stop_strings), default=0) + 4
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache) -> Tensor:
         """float32 logits [B, V] of the last position of ``ids`` [B, S] given the cache."""
@@ -78,10 +76,6 @@ class LoopRolloutEngine(HFRolloutEngine):
         extra[self._cache_kw] = cache
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
         return out.logits[:, -1, :].float()
-
-    def _stop_string_hit(self, row: Sequence[int]) -> bool:
-        tail = decode_text(self.tokenizer, row[-self._window:])
-        return any(s in tail for s in self.stop_strings)
 
     def _generate_batch(self, prompts: list[tuple[int, ...]],
                         sp: Sampling) -> list[tuple[tuple[int, ...], FinishReason, tuple[float, ...] | None]]:
@@ -129,7 +123,8 @@ class LoopRolloutEngine(HFRolloutEngine):
                 if keep_lp:
                     sampled[r].append(lp_l[j])
                     eos_lp[r].append(eos_l[j])
-                if not done[j] and self.stop_strings and self._stop_string_hit(rows[r]):
+                if not done[j] and self.stop_strings and stop_string_in_tail(self.tokenizer, rows[r],
+                                                                                       self.stop_strings):
                     done[j] = True
             if all(done) or step == sp.max_new_tokens - 1:
                 break

@@ -46,7 +46,7 @@ from hacrl_fed.update.logprobs import token_logprobs
 from hacrl_fed.tokenization.retokenize import clean_response_text, cut_at_stop_strings, decode_text, split_generated
 
 __all__ = ["BEHAVIOUR_LOGPROBS", "GeneratedSample", "HFRolloutEngine", "RolloutEngine", "Sampling", "autocast_context",
-           "checked_request", "complete_samples", "eos_token_ids"]
+           "checked_request", "complete_samples", "eos_token_ids", "stop_string_in_tail"]
 
 FinishReason = Literal["stop", "length"]
 BEHAVIOUR_LOGPROBS = ("auto", "generation", "teacher_forced")
@@ -463,12 +463,19 @@ class _StopOnStrings:
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self.prompt_width = prompt_width
-        self.window = max(len(s) for s in self.stop_strings) + 4
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for b, row in enumerate(input_ids[:, self.prompt_width:].tolist()):
-            tail = decode_text(self.tokenizer, row[-self.window:])
-            done[b] = any(s in tail for s in self.stop_strings)
+            done[b] = stop_string_in_tail(self.tokenizer, row, self.stop_strings)
         return done
+
+
+def stop_string_in_tail(tokenizer, row: Sequence[int], stop_strings: Sequence[str]) -> bool:
+    """Whether the text of the last tokens of ``row`` (response ids so far) contains one of ``stop_strings``
+    (non-empty). Only the tail is decoded: longest stop string + 4 tokens, each token being at least one character
+    or a special token, so a check costs one short decode. The rule of every engine's stop-string check."""
+    window = max(len(s) for s in stop_strings) + 4
+    tail = decode_text(tokenizer, row[-window:])
+    return any(s in tail for s in stop_strings)
 

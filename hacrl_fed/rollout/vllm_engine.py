@@ -486,7 +486,8 @@ class VLLMRolloutEngine:
                 rows.append((pi, c.index, ids, finish, lps))
         log.info("vllm engine: %d response(s), %d tokens from vLLM in %.1f s", len(rows), sum(len(r[2]) for r in rows),
                  time.perf_counter() - t0)
-        return complete_samples(self.scorer.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts, rows, sp.logprob_temperature)
+        return complete_samples(self.scorer.score if sp.logprobs else None, self.tokenizer, self.eos_ids, prompts, rows,
+                                sp.logprob_temperature)
 
     def score(self, prompts, responses, temperature: float = 1.0):
         """Teacher-forced (Σ log-prob, count, per-token) under the training model (:meth:`HFRolloutEngine.score`)."""

@@ -48,6 +48,40 @@ def render_prompts():
     return lambda tok: [render_prompt(tok, p, system_prompt="Solve the problem.") for p in PROBLEMS]
 
 
+@pytest.fixture
+def extra_eos():
+    """``extra_eos(lm, prompts) -> token``: declare a token the model greedily emits mid-response as an extra EOS
+    id, so rows stop at different steps."""
+    from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
+
+    def _declare(lm: LoadedModel, prompts) -> int:
+        probe = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, Sampling(temperature=0, max_new_tokens=12),
+                                                                 0)
+        token = probe[1].response_ids[5]
+        lm.model.generation_config.eos_token_id = [lm.tokenizer.eos_token_id, token]
+        return token
+
+    return _declare
+
+
+@pytest.fixture
+def stop_string_case(render_prompts):
+    """``stop_string_case(lm) -> (prompts, sampling, stop, hf samples)``: a stop string cut out of the model's own
+    greedy text (3 characters at offset 4) and the ``hf`` engine's greedy samples under it, the reference every
+    engine's stop-string cut is compared with."""
+    from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
+
+    def _case(lm: LoadedModel):
+        prompts = render_prompts(lm.tokenizer)
+        sp = Sampling(temperature=0, max_new_tokens=16)
+        plain = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+        stop = next(s.text[4:7] for s in plain if len(s.text) > 8 and s.text[4:7].strip())
+        hf = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
+        return prompts, sp, stop, hf
+
+    return _case
+
+
 PROBLEMS = [
     "What is 2 + 3?",
     "Compute 17 * 4, then add 5 to the result.",

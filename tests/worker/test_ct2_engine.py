@@ -22,14 +22,6 @@ def _ct2(lm, tmp_path, *, stop=None, **options):
     return build_engine(lm, cfg, stop_strings=stop or (), max_batch_sequences=5, work_dir=tmp_path / "engine")
 
 
-def _extra_eos(lm, prompts) -> int:
-    """Declare a token the model greedily emits mid-response as an extra EOS id, so rows stop at different steps."""
-    probe = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, Sampling(temperature=0, max_new_tokens=12), 0)
-    token = probe[1].response_ids[5]
-    lm.model.generation_config.eos_token_id = [lm.tokenizer.eos_token_id, token]
-    return token
-
-
 def _own_greedy_logprobs(engine, prompts, max_new_tokens: int) -> list[list[float]]:
     """ctranslate2's own log-prob of each greedy token (``GenerationStepResult.log_prob``), per prompt."""
     own: list[list[float]] = [[] for _ in prompts]
@@ -45,10 +37,10 @@ def _state(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_float32_greedy_tokens_equal_the_hf_engine(load_tiny, render_prompts, tmp_path, kind):
+def test_float32_greedy_tokens_equal_the_hf_engine(extra_eos, load_tiny, render_prompts, tmp_path, kind):
     lm = load_tiny(kind)
     prompts = render_prompts(lm.tokenizer)
-    _extra_eos(lm, prompts)
+    extra_eos(lm, prompts)
     sp = Sampling(temperature=0, max_new_tokens=20)
     hf = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=3).generate(prompts, 2, sp, seed=1)
     engine = _ct2(lm, tmp_path, compute_type="float32")
@@ -62,24 +54,20 @@ def test_float32_greedy_tokens_equal_the_hf_engine(load_tiny, render_prompts, tm
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_stop_strings_cut_as_the_hf_engine(load_tiny, render_prompts, tmp_path, kind):
+def test_stop_strings_cut_as_the_hf_engine(load_tiny, stop_string_case, tmp_path, kind):
     lm = load_tiny(kind)
-    prompts = render_prompts(lm.tokenizer)
-    sp = Sampling(temperature=0, max_new_tokens=16)
-    plain = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
-    stop = next(s.text[4:7] for s in plain if len(s.text) > 8 and s.text[4:7].strip())
-    hf = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
+    prompts, sp, stop, hf = stop_string_case(lm)
     ct2 = _ct2(lm, tmp_path, stop=[stop], compute_type="float32").generate(prompts, 1, sp, seed=0)
     assert any(s.finish_reason == "stop" and stop not in s.text for s in ct2), "test needs a stop-string cut"
     assert [(s.response_ids, s.finish_reason) for s in ct2] == [(s.response_ids, s.finish_reason) for s in hf]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_int8_samples_are_valid_and_carry_the_training_models_teacher_forced_logprobs(load_tiny, render_prompts,
-                                                                                      tmp_path, kind):
+def test_int8_samples_are_valid_and_carry_the_training_models_teacher_forced_logprobs(extra_eos, load_tiny,
+                                                                                      render_prompts, tmp_path, kind):
     lm = load_tiny(kind)
     prompts = render_prompts(lm.tokenizer)
-    eos = _extra_eos(lm, prompts)
+    eos = extra_eos(lm, prompts)
     sp = Sampling(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=12)
     engine = _ct2(lm, tmp_path)                                  # compute_type int8, the default
     samples = engine.generate(prompts, 3, sp, seed=2)

@@ -12,19 +12,11 @@ from hacrl_fed.rollout.engine import HFRolloutEngine, Sampling
 KINDS = ["tiny-llama-bpe", "tiny-gemma-unigram"]
 
 
-def _extra_eos(lm, prompts) -> int:
-    """Declare a token the model greedily emits mid-response as an extra EOS id, so rows stop at different steps."""
-    probe = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, Sampling(temperature=0, max_new_tokens=12), 0)
-    token = probe[1].response_ids[5]
-    lm.model.generation_config.eos_token_id = [lm.tokenizer.eos_token_id, token]
-    return token
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_equals_hf_engine_with_rows_ending_early(load_tiny, render_prompts, kind):
+def test_greedy_equals_hf_engine_with_rows_ending_early(extra_eos, load_tiny, render_prompts, kind):
     lm = load_tiny(kind)
     prompts = render_prompts(lm.tokenizer)
-    _extra_eos(lm, prompts)
+    extra_eos(lm, prompts)
     sp = Sampling(temperature=0, max_new_tokens=20)
     hf = HFRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=3).generate(prompts, 2, sp, seed=1)
     loop = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=3).generate(prompts, 2, sp, seed=1)
@@ -36,10 +28,10 @@ def test_greedy_equals_hf_engine_with_rows_ending_early(load_tiny, render_prompt
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_sampled_logprobs_equal_teacher_forced_and_seed_reproduces(load_tiny, render_prompts, kind):
+def test_sampled_logprobs_equal_teacher_forced_and_seed_reproduces(extra_eos, load_tiny, render_prompts, kind):
     lm = load_tiny(kind)
     prompts = render_prompts(lm.tokenizer)
-    _extra_eos(lm, prompts)
+    extra_eos(lm, prompts)
     sp = Sampling(temperature=0.7, top_p=0.8, top_k=7, max_new_tokens=16)
     gen = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=5)
     forced = LoopRolloutEngine(lm.model, lm.tokenizer, max_batch_sequences=5, behaviour_logprobs="teacher_forced")
@@ -57,10 +49,10 @@ def test_sampled_logprobs_equal_teacher_forced_and_seed_reproduces(load_tiny, re
         assert x.token_count == len(x.response_ids)
 
 
-def test_a_rows_draw_does_not_depend_on_what_the_rows_beside_it_do(load_tiny, render_prompts):
+def test_a_rows_draw_does_not_depend_on_what_the_rows_beside_it_do(extra_eos, load_tiny, render_prompts):
     lm = load_tiny("tiny-llama-bpe")
     prompts = render_prompts(lm.tokenizer)
-    _extra_eos(lm, prompts)                      # rows leave the batch at different steps
+    extra_eos(lm, prompts)                      # rows leave the batch at different steps
     sp = Sampling(temperature=0.5, max_new_tokens=16)
     eng = LoopRolloutEngine(lm.model, lm.tokenizer)
     mixed = eng.generate(prompts, 1, sp, seed=9)
@@ -70,13 +62,9 @@ def test_a_rows_draw_does_not_depend_on_what_the_rows_beside_it_do(load_tiny, re
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_stop_strings_cut_as_the_hf_engine(load_tiny, render_prompts, kind):
+def test_stop_strings_cut_as_the_hf_engine(load_tiny, stop_string_case, kind):
     lm = load_tiny(kind)
-    prompts = render_prompts(lm.tokenizer)
-    sp = Sampling(temperature=0, max_new_tokens=16)
-    plain = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
-    stop = next(s.text[4:7] for s in plain if len(s.text) > 8 and s.text[4:7].strip())
-    hf = HFRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
+    prompts, sp, stop, hf = stop_string_case(lm)
     loop = LoopRolloutEngine(lm.model, lm.tokenizer, stop_strings=[stop]).generate(prompts, 1, sp, seed=0)
     assert any(s.finish_reason == "stop" and stop not in s.text for s in loop), "test needs a stop-string cut"
     assert [(s.response_ids, s.finish_reason) for s in loop] == [(s.response_ids, s.finish_reason) for s in hf]
