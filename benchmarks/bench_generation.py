@@ -19,7 +19,8 @@ and stop checks, cache bookkeeping, Python: the run's wall time minus the three)
 copy of the weights (``ct2``, ``vllm``) has no observed prefill / decode (``null``, "–" in the table): its
 training-model forwards are the teacher-forced behaviour log-probs (``logprobs``) and ``rest`` is its generation;
 its weight refreshes (conversions, done in the warm-up) are listed as ``<engine>_refresh_s``. ``--markdown`` adds
-the table.
+the table. ``--no-logprobs`` generates as ``hacrl-fed eval`` does, without behaviour log-probs (an engine with its
+own weights then runs no training-model forward at all).
 
     python benchmarks/bench_generation.py --engines hf loop --model smollm2-135m-instruct gemma3-270m \\
         --prompts 16 64 --max-new-tokens 32 256 --temperature 0 0.7 --markdown
@@ -98,7 +99,7 @@ def _side_by_side(args, prompts_of, load, work_dir: str) -> list[dict]:
         for n in args.prompts:
             for new in args.max_new_tokens:
                 for temp in args.temperature:
-                    sp = Sampling(temperature=temp, max_new_tokens=new)
+                    sp = Sampling(temperature=temp, max_new_tokens=new, logprobs=not args.no_logprobs)
                     reps = args.reps if n * new < 4096 else args.reps_big
                     runs = {name: [] for name in args.engines}
                     for rep in range(reps):
@@ -153,6 +154,7 @@ def _cell(model_name, lm, load_s, n, new, temp, args, runs, engines) -> dict:
     return {
         "model": model_name, "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
         "threads": args.threads, "sequences": n, "max_new_tokens": new, "temperature": temp, "pairs": len(ratios),
+        "logprobs": not args.no_logprobs,
         **{f"{name}_tokens_per_s": round(statistics.median(rate[name]), 1) for name in runs},
         **{f"{name}_tokens_per_cpu_s": round(statistics.median(cpu_rate[name]), 1) for name in runs},
         **{f"{name}_tokens": [t for _, t, *_ in runs[name]] for name in runs},
@@ -203,6 +205,9 @@ def main() -> None:
     parser.add_argument("--reps-big", type=int, default=1, help="pairs per cell of >= 4096 sequence-tokens")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (--engines)")
     parser.add_argument("--markdown", action="store_true", help="print the table too (--engines)")
+    parser.add_argument("--no-logprobs", action="store_true",
+                        help="generate as an evaluation does: no behaviour log-probs (Sampling.logprobs = False; "
+                             "--engines)")
     args = parser.parse_args()
     if min(args.prompts) < 1 or min(args.max_new_tokens) < 1 or args.reps < 1 or args.reps_big < 1:
         parser.error("--prompts, --max-new-tokens, --reps and --reps-big must be >= 1")

@@ -79,7 +79,7 @@ from collab.recipes import (  # noqa: E402,F401
     TWINS, base_recipe, eval_sets_of, label)
 from collab.render import render_markdown  # noqa: E402,F401
 from collab.results import (  # noqa: E402,F401
-    check_contributor, check_engines, contributor_source, merge_meta, strong_accuracy, summarize)
+    check_contributor, check_engines, choose_engines, contributor_source, merge_meta, strong_accuracy, summarize)
 from collab.scoring import (  # noqa: E402,F401
     OUTCOMES, accuracy, gain_kinds, has_rewards, is_correct, mean_reward, outcome_mix, reward_of)
 from collab.stats import paired, paired_interval, paired_mde  # noqa: E402,F401
@@ -114,8 +114,10 @@ def _cli() -> argparse.ArgumentParser:
     parser.add_argument("--contributor-api-key-env", metavar="VAR",
                         help="environment variable holding the endpoint's API key (with a URL)")
     parser.add_argument("--contributor-device", default="cpu", help="device of the served model (default: cpu)")
-    parser.add_argument("--engine", metavar="NAME", help="every learner's rollout engine (model.engine: hf, loop, "
-                        "ct2, vllm or a registered one; docs/engines.md). Default: the config's")
+    parser.add_argument("--engine", metavar="NAME", help="every learner's rollout engine (model.engine: auto, hf, "
+                        "loop, ct2, vllm or a registered one; docs/engines.md). Default: the engines recorded in "
+                        "--out's meta.json when it holds results, else the config's model.engine where it sets one, "
+                        "else auto (ct2 where ctranslate2 is installed, else hf)")
     return parser
 
 
@@ -141,15 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples_per_prompt:
         cfg.run.samples_per_prompt = args.samples_per_prompt
     config_engines = {a.name: a.model.engine for a in cfg.agents}
-    if args.engine:
-        from hacrl_fed.worker.engines import require_engine
-
-        try:
-            require_engine(args.engine)
-        except ImportError as err:
-            parser.error(f"--engine: {err}")
-        for agent in cfg.agents:
-            agent.model.engine = args.engine
+    try:
+        chosen = choose_engines(out / "meta.json", cfg, args.engine)
+    except (ImportError, ValueError) as err:
+        parser.error(f"--engine: {err}")
+    for agent in cfg.agents:
+        agent.model.engine = chosen.get(agent.name, agent.model.engine)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()] or [
         r for r in RECIPES if suite or r not in ALGO]
     unknown = [r for r in recipes if r not in RECIPES]

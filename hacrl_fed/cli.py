@@ -57,10 +57,27 @@ def fail(message: str, code: int = 2) -> None:
 
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a decode loop on the same model: "
-               "finished rows leave the batch) | ct2 (CTranslate2, int8, CPU; pip install "
-               "'hacrl-fed[fast]') | vllm (needs device cuda and vllm installed "
+               "finished rows leave the batch) | ct2 (CTranslate2, float32 by default, CPU; pip install "
+               "'hacrl-fed[fast]') | auto (ct2 where it is installed and the device is cpu, else hf) | vllm (needs device cuda and vllm installed "
                "in this environment: docs/engines.md) | a registered engine or package.module:factory "
                "(docs/extending.md).")
+
+
+AUTO_ENGINE_HELP = ENGINE_HELP + " Default: auto."
+
+
+def _auto_engine(engine: str, device: str) -> tuple[str, str | None]:
+    """(the engine an evaluation command runs, the line that says why, or None): ``engine`` itself, or for
+    ``auto`` the one :func:`hacrl_fed.worker.engines.auto_choice` picks (the line is shown once the inputs have
+    been checked)."""
+    from hacrl_fed.worker.engines import AUTO, resolve_engine
+
+    if engine != AUTO:
+        return engine, None
+    chosen = resolve_engine(engine, device)
+    why = ("ctranslate2 is installed; float32, the same greedy tokens as hf" if chosen == "ct2" else
+           "ctranslate2 is not installed" if device == "cpu" else f"device {device}")
+    return chosen, f"engine: {chosen} (auto: {why}; --engine hf for Hugging Face generate)"
 
 
 def _check_engine(engine: str, *, runs_here: bool = True) -> None:
@@ -235,7 +252,7 @@ def eval_cmd(
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
                                  "instead of the readable table."),
-    engine: str = typer.Option("hf", "--engine", help=ENGINE_HELP),
+    engine: str = typer.Option("auto", "--engine", help=AUTO_ENGINE_HELP),
 ) -> None:
     """Evaluate a model on math problems with the training verifier: avg@k and pass@k."""
     import json
@@ -248,6 +265,7 @@ def eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
+    engine, engine_line = _auto_engine(engine, device)
     from hacrl_fed.play.evaluate import DataError, check_data_head, eval_model_config
 
     try:                                         # how an export was prompted in training, if it says
@@ -271,6 +289,8 @@ def eval_cmd(
         fail(_one_line(err))
     if saved is not None:
         typer.echo(announce, err=True)
+    if engine_line:
+        typer.echo(engine_line, err=True)
     from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.eval_model import run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
@@ -488,8 +508,8 @@ def route_eval_cmd(
                                            "--model names)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Queries per generate call of a local model."),
     device: str = typer.Option("cpu", "--device", help="Where local models run."),
-    engine: str = typer.Option("hf", "--engine", help=ENGINE_HELP + " Generates every local model's responses "
-                               "(endpoints are not affected)."),
+    engine: str = typer.Option("auto", "--engine", help=AUTO_ENGINE_HELP + " Generates every local model's "
+                               "responses (endpoints are not affected)."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", min=1.0, help="Seconds per endpoint request."),
     seed: int = typer.Option(0, "--seed", help="Calibration split and bootstrap seed."),
     as_json: bool = typer.Option(False, "--json", help="Print route.json's summary as one JSON line."),
@@ -510,6 +530,7 @@ def route_eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
+    engine, engine_line = _auto_engine(engine, device)
     try:
         specs, keys = parse_model_specs(model, api_model or [], params or [], api_key_env or [])
         from hacrl_fed.route.embed import load_embedder
@@ -523,6 +544,8 @@ def route_eval_cmd(
     if limit is not None:
         problems = problems[:limit]
     _cli_logging()
+    if engine_line and not all(s.is_endpoint for s in specs):    # endpoints are not affected
+        typer.echo(engine_line, err=True)
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     shown: dict[str, int] = {}

@@ -297,9 +297,10 @@ class ModelConfig(Strict):
     engine: str = "hf"
     """Rollout engine, a name of :data:`hacrl_fed.registries.ROLLOUT_ENGINES`: ``hf`` (Hugging Face ``generate``,
     any device), ``loop`` (a decode loop on the same model whose finished rows leave the batch;
-    :mod:`hacrl_fed.rollout.decode_loop`), ``ct2`` (a CTranslate2 copy of the model, int8 by default, on the CPU,
+    :mod:`hacrl_fed.rollout.decode_loop`), ``ct2`` (a CTranslate2 copy of the model, float32 by default, on the CPU,
     refreshed after every update; ``engine_options`` ``compute_type`` / ``threads``;
-    :mod:`hacrl_fed.rollout.ct2_engine`),
+    :mod:`hacrl_fed.rollout.ct2_engine`), ``auto`` (``ct2`` where ctranslate2 is installed and the model is on the
+    CPU, else ``hf``; :func:`hacrl_fed.worker.engines.auto_choice`),
     ``vllm`` (a colocated vLLM engine on the model's CUDA device, installed in the worker's own
     environment; :mod:`hacrl_fed.rollout.vllm_engine`, docs/engines.md "vLLM on a GPU site"; on the CPU with a CPU
     build of vLLM where :data:`VLLM_CPU_ENV` is set), a registered engine,

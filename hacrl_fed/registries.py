@@ -225,6 +225,7 @@ only (a peer's prompt names one); ``task:<name>`` and ``episode`` are the proced
 not entries."""
 
 ROLLOUT_ENGINES = Registry("rollout engine", "model.engine", "hacrl_fed.rollout_engines", {
+    "auto": "hacrl_fed.worker.engines:auto_engine",
     "ct2": "hacrl_fed.worker.engines:ct2_engine",
     "hf": "hacrl_fed.worker.engines:hf_engine",
     "loop": "hacrl_fed.worker.engines:loop_engine",

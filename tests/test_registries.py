@@ -115,7 +115,7 @@ def test_a_rollout_engine_is_one_module_and_one_line(tmp_path):
     from hacrl_fed.data.prompts import render_prompt
     from hacrl_fed.rollout.engine import Sampling
 
-    with pytest.raises(ConfigError, match=r"unknown rollout engine 'canned'; registered: ct2, hf, loop, vllm"):
+    with pytest.raises(ConfigError, match=r"unknown rollout engine 'canned'; registered: auto, ct2, hf, loop, vllm"):
         parse_config({"name_or_path": "tiny-llama-bpe", "engine": "canned"}, ModelConfig)
 
     ROLLOUT_ENGINES.register("canned", "toy_engine:make_engine")

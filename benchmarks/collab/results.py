@@ -45,17 +45,51 @@ def check_contributor(path: Path, name: str, source: str) -> None:
                          f"this run's is {name!r} from {source!r}: use another --out")
 
 
+def _holds_results(path: Path) -> bool:
+    """The results directory of ``meta.json`` at ``path`` holds a cell or a ``before.json``."""
+    return path.exists() and ((path.parent / "before.json").exists() or any((path.parent / "cells").glob("*.json")))
+
+
 def check_engines(path: Path, engines: dict[str, str], unrecorded: dict[str, str]) -> None:
-    """Raise ``ValueError`` when the results directory of ``meta.json`` at ``path`` holds cells made with other
-    rollout engines than ``engines`` (learner → ``model.engine``): engines are never mixed within one benchmark
-    (greedy text, and so every outcome, may differ between engines). A ``meta.json`` written before engines were
-    recorded counts as made with ``unrecorded`` (the config's engines: the only way cells were made then)."""
-    if not path.exists() or not any((path.parent / "cells").glob("*.json")):
+    """Raise ``ValueError`` when the results directory of ``meta.json`` at ``path`` holds results (cells or
+    ``before.json``) made with other rollout engines than ``engines`` (learner → ``model.engine``): engines are never
+    mixed within one benchmark (greedy text, and so every outcome, may differ between engines). A ``meta.json``
+    written before engines were recorded counts as made with ``unrecorded`` (the config's engines: the only way
+    cells were made then)."""
+    if not _holds_results(path):
         return
     old = json.loads(path.read_text()).get("engines", unrecorded)
     if old != engines:
         raise ValueError(f"{path.parent} holds cells made with engines {old}; this run's are {engines}: "
                          "engines are never mixed within one benchmark, use another --out")
+
+
+def choose_engines(path: Path, cfg, requested: str | None) -> dict[str, str]:
+    """Every learner's rollout engine for a run into the results directory of ``meta.json`` at ``path``
+    (learner → a concrete ``model.engine``, ``auto`` resolved by :func:`hacrl_fed.worker.engines.resolve_engine`):
+
+    * ``requested`` (``--engine``) when given;
+    * otherwise the engines ``meta.json`` records when the directory holds results (a benchmark resumes as it
+      began); a ``meta.json`` from before engines were recorded means the config's;
+    * otherwise the config's ``model.engine`` where the config sets one, else ``auto``.
+
+    Raises ``ImportError`` (one line) when a chosen engine cannot run here, ``ValueError`` for an unknown name."""
+    from hacrl_fed.registries import ROLLOUT_ENGINES
+    from hacrl_fed.worker.engines import AUTO, require_engine, resolve_engine
+
+    learners = [a for a in cfg.agents if not a.rollout_only]
+    if requested is None and _holds_results(path):
+        recorded = json.loads(path.read_text()).get("engines")
+        if recorded:
+            return {a.name: recorded.get(a.name, a.model.engine) for a in learners}
+        return {a.name: a.model.engine for a in learners}
+    chosen = {}
+    for a in learners:
+        name = requested or (a.model.engine if "engine" in a.model.model_fields_set else AUTO)
+        ROLLOUT_ENGINES.check(name)
+        chosen[a.name] = resolve_engine(name, a.model.device, a.model.behaviour_logprobs)
+        require_engine(chosen[a.name])
+    return chosen
 
 
 def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:

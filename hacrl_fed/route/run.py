@@ -198,6 +198,9 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
         raise DataError(f"{err}: lower --calibration-frac or give a smaller --calibration") from None
     emb = load_embedder(embedder)
     out = Path(out)
+    from hacrl_fed.worker.engines import resolve_engine
+
+    engine = resolve_engine(engine, device)          # auto → the engine that runs, so the cache key names it
     settings = {"max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "batch_size": batch_size,
                 "device": device, "timeout_s": timeout_s}
     if engine != "hf":       # part of the outcomes' cache key (seconds differ by engine); hf-era caches stay valid

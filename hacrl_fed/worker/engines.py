@@ -10,6 +10,7 @@ and CTranslate2 engines' modules (and vllm / ctranslate2 themselves) are importe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,13 @@ from hacrl_fed.registries import ROLLOUT_ENGINES
 from hacrl_fed.rollout.engine import HFRolloutEngine, RolloutEngine
 from hacrl_fed.rollout.factory import EngineRequest
 
-__all__ = ["build_engine", "ct2_engine", "hf_engine", "loop_engine", "require_engine", "vllm_engine"]
+__all__ = ["AUTO", "auto_choice", "auto_engine", "build_engine", "ct2_engine", "hf_engine", "loop_engine",
+           "require_engine", "resolve_engine", "vllm_engine"]
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""The engine name that picks the fastest engine installed for the model's device (:func:`auto_choice`)."""
 
 
 def hf_engine(request: EngineRequest) -> RolloutEngine:
@@ -40,8 +47,8 @@ def loop_engine(request: EngineRequest) -> RolloutEngine:
 
 
 def ct2_engine(request: EngineRequest) -> RolloutEngine:
-    """``model.engine = "ct2"``: a :class:`~hacrl_fed.rollout.ct2_engine.CT2RolloutEngine` (CTranslate2, int8 by
-    default, on the CPU; docs/engines.md), its converted model kept in ``work_dir``. ``model.engine_options``:
+    """``model.engine = "ct2"``: a :class:`~hacrl_fed.rollout.ct2_engine.CT2RolloutEngine` (CTranslate2, float32
+    by default, on the CPU; docs/engines.md), its converted model kept in ``work_dir``. ``model.engine_options``:
     ``compute_type``, ``threads``. Raises ``CT2UnavailableError`` (an ``ImportError``, one line) without ctranslate2
     or for an architecture its converter does not know; ``ValueError`` for bad options, a model off the CPU or
     ``behaviour_logprobs = "generation"``."""
@@ -92,6 +99,50 @@ def _check_vllm() -> None:
 
 
 vllm_engine.check_installed = _check_vllm  # type: ignore[attr-defined]
+
+
+def auto_choice(device: str = "cpu", behaviour_logprobs: str = "auto") -> str:
+    """The engine ``auto`` means here: ``ct2`` (float32, the training model's greedy tokens) when ctranslate2
+    imports, the model runs on the CPU and ``behaviour_logprobs`` is not ``generation`` (``ct2``'s log-probs are
+    always teacher-forced); else ``hf``.
+
+    Why ``ct2``: on the task suite's held-out items both packaged models score the same under ``ct2`` float32 as
+    under ``hf`` and the evaluation runs faster (docs/engines.md, "Which engine ``auto`` picks"). Cheap: imports
+    ctranslate2 at most; the model's architecture is checked when the engine is built (:func:`auto_engine`)."""
+    if device != "cpu" or behaviour_logprobs == "generation":
+        return "hf"
+    from hacrl_fed.rollout.ct2_engine import CT2UnavailableError, require_ct2
+
+    try:
+        require_ct2()
+    except CT2UnavailableError:
+        return "hf"
+    return "ct2"
+
+
+def resolve_engine(name: str, device: str = "cpu", behaviour_logprobs: str = "auto") -> str:
+    """``name`` itself, or for ``auto`` the engine :func:`auto_choice` picks (what a run records)."""
+    return auto_choice(device, behaviour_logprobs) if name == AUTO else name
+
+
+def auto_engine(request: EngineRequest) -> RolloutEngine:
+    """``model.engine = "auto"``: the ``ct2`` engine where :func:`auto_choice` picks it and its converter knows the
+    model's architecture, otherwise ``hf`` (the choice is logged). ``model.engine_options`` go to ``ct2`` when it
+    is chosen (an option ``ct2`` refuses raises ``ValueError`` as there); ``hf`` takes none."""
+    cfg = request.model_cfg
+    if auto_choice(cfg.device, cfg.behaviour_logprobs) == "ct2":
+        from hacrl_fed.rollout.ct2_engine import CT2UnsupportedModelError
+
+        try:
+            engine = ct2_engine(request)
+        except CT2UnsupportedModelError as err:
+            log.warning("engine auto: hf (%s)", err)
+        else:
+            log.info("engine auto: ct2 (%s)", engine.settings.compute_type)
+            return engine
+    else:
+        log.info("engine auto: hf (ctranslate2 not installed, or the model is not on the CPU)")
+    return hf_engine(request)
 
 
 def require_engine(name: str) -> None:

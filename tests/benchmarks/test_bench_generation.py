@@ -39,3 +39,12 @@ def test_an_engine_with_its_own_weights_side_by_side(tiny_llama, bench):
     assert r["ct2_parts_s"]["prefill"] is None and r["ct2_parts_s"]["decode"] is None
     assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] > 0 and r["hf_parts_s"]["decode"] > 0
     assert any(line.startswith("| ") and "| – / – / " in line for line in lines[1:])
+
+
+def test_no_logprobs_generates_as_an_evaluation(tiny_llama, bench):
+    """``--no-logprobs``: the same greedy tokens, and an engine with its own weights runs no training-model forward."""
+    proc = bench("bench_generation.py", "--engines", "hf", "ct2", "--model", tiny_llama, "--prompts", "2",
+                 "--max-new-tokens", "4", "--temperature", "0", "--reps", "1", "--threads", "1", "--no-logprobs")
+    r = json.loads(proc.stdout.strip().splitlines()[0])
+    assert r["logprobs"] is False and r["hf_tokens"] == r["ct2_tokens"]
+    assert r["ct2_parts_s"]["logprobs"] == 0 and r["ct2_parts_s"]["rest"] > 0

@@ -77,7 +77,8 @@ def test_bad_options_end_with_one_line_and_exit_2(tmp_path, extra, message):
 
 def test_engine_option_reaches_every_local_model_and_the_cache_key(tmp_path, monkeypatch):
     """``--engine loop`` builds the loop engine for each local model (as ``hacrl-fed eval --engine``); its outcomes
-    are not those cached under ``hf``: a rerun with another engine measures again."""
+    are not those cached under another engine: a rerun with another engine measures again. The default, ``auto``,
+    runs the engine it resolves to and says which."""
     import hacrl_fed.worker.engines as engines
 
     built = []
@@ -99,7 +100,13 @@ def test_engine_option_reaches_every_local_model_and_the_cache_key(tmp_path, mon
     built.clear()
     res = runner.invoke(app, args)                       # the default engine: measured again, not reused
     assert res.exit_code == 0, res.output
-    assert [e for e, _ in built] == ["hf", "hf"], built
+    auto = engines.resolve_engine("auto")                # ct2 where ctranslate2 is installed (the dev extra), else hf
+    assert [e for e, _ in built] == [auto, auto], built
+    assert f"engine: {auto} (auto: " in res.output
+    built.clear()
+    res = runner.invoke(app, [*args, "--engine", "hf"])  # hf by name: a third engine, a third measurement
+    assert res.exit_code == 0, res.output
+    assert [e for e, _ in built] == ["hf", "hf"] and "engine: " not in res.output, (built, res.output)
 
 
 def test_a_missing_data_file_ends_with_one_line(tmp_path):

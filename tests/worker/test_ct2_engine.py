@@ -1,6 +1,7 @@
-"""The ``ct2`` rollout engine (CTranslate2): float32 greedy tokens equal the ``hf`` engine's, int8 samples carry the
-training model's teacher-forced behaviour log-probs, seeds reproduce, a weights update is converted before the next
-generation without touching the training model, and its settings and installation are checked."""
+"""The ``ct2`` rollout engine (CTranslate2): float32 (the default) greedy tokens equal the ``hf`` engine's, int8
+samples carry the training model's teacher-forced behaviour log-probs, seeds reproduce, a weights update is converted
+before the next generation without touching the training model, and its settings and installation are checked; the
+``auto`` engine picks ``ct2`` where it can run and ``hf`` elsewhere."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_int8_samples_are_valid_and_carry_the_training_models_teacher_forced_log
     prompts = render_prompts(lm.tokenizer)
     eos = extra_eos(lm, prompts)
     sp = Sampling(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=12)
-    engine = _ct2(lm, tmp_path)                                  # compute_type int8, the default
+    engine = _ct2(lm, tmp_path, compute_type="int8")
     samples = engine.generate(prompts, 3, sp, seed=2)
     assert engine.settings.compute_type == "int8"
     assert [(s.prompt_index, s.sample_index) for s in samples] == [(p, i) for p in range(4) for i in range(3)]
@@ -84,6 +85,55 @@ def test_int8_samples_are_valid_and_carry_the_training_models_teacher_forced_log
     for s, (total, count, per_token) in zip(samples, scored):
         assert count == s.token_count and s.token_logprobs == pytest.approx(per_token, abs=1e-5)
         assert s.logprob_sum == pytest.approx(total, abs=1e-4)
+
+
+def test_the_default_compute_type_is_float32_and_keeps_the_hf_engines_greedy_tokens(load_tiny, render_prompts,
+                                                                                    tmp_path):
+    lm = load_tiny("tiny-llama-bpe")
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0, max_new_tokens=16)
+    engine = _ct2(lm, tmp_path)
+    ct2 = engine.generate(prompts, 1, sp, seed=0)
+    hf = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    assert engine.settings.compute_type == "float32"
+    assert [s.response_ids for s in ct2] == [s.response_ids for s in hf]
+
+
+def _auto(lm, tmp_path, **model):
+    cfg = ModelConfig(name_or_path="tiny-llama-bpe", engine="auto", **model)
+    return build_engine(lm, cfg, max_batch_sequences=5, work_dir=tmp_path / "auto")
+
+
+def test_auto_picks_ct2_float32_where_ctranslate2_imports_on_the_cpu(load_tiny, render_prompts, tmp_path):
+    from hacrl_fed.worker.engines import auto_choice, resolve_engine
+
+    lm = load_tiny("tiny-gemma-unigram")
+    prompts = render_prompts(lm.tokenizer)
+    sp = Sampling(temperature=0, max_new_tokens=12)
+    engine = _auto(lm, tmp_path)
+    assert (engine.name, engine.settings.compute_type) == ("ct2", "float32")
+    hf = HFRolloutEngine(lm.model, lm.tokenizer).generate(prompts, 1, sp, seed=0)
+    assert [s.response_ids for s in engine.generate(prompts, 1, sp, seed=0)] == [s.response_ids for s in hf]
+    assert (auto_choice("cpu"), resolve_engine("auto"), resolve_engine("loop")) == ("ct2", "ct2", "loop")
+    assert auto_choice("cuda") == auto_choice("cpu", "generation") == "hf"    # ct2 runs on the CPU, teacher-forced
+
+
+def test_auto_falls_back_to_hf_without_ctranslate2_or_for_a_model_it_cannot_convert(load_tiny, monkeypatch, tmp_path,
+                                                                                     caplog):
+    from ctranslate2.converters import transformers as converter
+
+    from hacrl_fed.worker.engines import resolve_engine
+
+    lm = load_tiny("tiny-llama-bpe")
+    assert _auto(lm, tmp_path, behaviour_logprobs="generation").name == "hf"
+    with monkeypatch.context() as m:
+        m.setattr(converter, "_MODEL_LOADERS", {})                         # the converter knows no architecture
+        with caplog.at_level("WARNING", logger="hacrl_fed.worker.engines"):
+            assert _auto(lm, tmp_path).name == "hf"
+        assert "engine auto: hf (model.engine = 'ct2': ctranslate2" in caplog.text
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)                   # import ctranslate2 -> ImportError
+    assert resolve_engine("auto") == "hf"
+    assert _auto(lm, tmp_path).name == "hf"
 
 
 def test_greedy_logprobs_are_teacher_forced_at_temperature_one(load_tiny, render_prompts, tmp_path):
