@@ -205,6 +205,10 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
                 "device": device, "timeout_s": timeout_s}
     if engine != "hf":       # part of the outcomes' cache key (seconds differ by engine); hf-era caches stay valid
         settings["engine"] = engine
+    if engine == "ct2":      # its compute type too: ct2 outcomes cached while int8 was its default are not reused
+        from hacrl_fed.rollout.ct2_engine import CT2Settings
+
+        settings["compute_type"] = CT2Settings.compute_type
     everything = [*cal, *routed]
     with Verifier.from_config(VerifierConfig()) as verifier:
         outs = _measure_all(specs, everything, out, verifier=verifier, settings=settings, api_keys=api_keys or {},
