@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.options_b is not None and not isinstance(args.options_b, dict):
         parser.error("--options-b must be a JSON object")
     outcomes_b, seconds_b = evaluate_with(cfg, b, args.threads, args.options_b)
-    result = {"command": "python benchmarks/engine_agreement.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python benchmarks/engine_agreement.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "engines": [a, b], "options_b": args.options_b, "eval_s": {a: seconds_a, b: seconds_b},
               "comparison": compare(outcomes_a, outcomes_b), "outcomes": {a: outcomes_a, b: outcomes_b}}
     args.out.mkdir(parents=True, exist_ok=True)

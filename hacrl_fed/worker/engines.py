@@ -107,7 +107,7 @@ def auto_choice(device: str = "cpu", behaviour_logprobs: str = "auto") -> str:
     always teacher-forced); else ``hf``.
 
     Why ``ct2``: on the task suite's held-out items both packaged models score the same under ``ct2`` float32 as
-    under ``hf`` and the evaluation runs faster (docs/engines.md, "Which engine ``auto`` picks"). Cheap: imports
+    under ``hf`` and the evaluation runs faster (docs/engines.md, "Which engine auto picks"). Cheap: imports
     ctranslate2 at most; the model's architecture is checked when the engine is built (:func:`auto_engine`)."""
     if device != "cpu" or behaviour_logprobs == "generation":
         return "hf"
