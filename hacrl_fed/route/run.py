@@ -227,6 +227,7 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
         sim=cosine(e_routed, e_cal), sim_cal=cosine(e_cal, e_cal))
     result = compare(data, k=k, cost_kind=cost_kind, seed=seed, capability=capability)
     result["embedder"] = embedder
+    result["engine"] = engine             # what generated the local models' responses (auto already resolved)
     files = write_report(result, out)
     router = Router(models=data.models, texts=[p.problem for p in cal], tasks=data.tasks_cal,
                     correct=data.correct_cal.tolist(),

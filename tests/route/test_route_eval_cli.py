@@ -32,6 +32,9 @@ def test_route_eval_compares_policies_writes_its_files_and_reuses_outcomes(tmp_p
     rec = json.loads((out / "route.json").read_text())
     assert rec["models"] == ["llama", "gemma"] and rec["queries"] == 6 and rec["calibration_queries"] == 6
     assert rec["cost_kind"] == "param_tokens"
+    from hacrl_fed.worker.engines import resolve_engine
+
+    assert rec["engine"] == resolve_engine("auto")               # auto, resolved to the engine that generated
     for name, row in rec["policies"].items():
         assert sum(row["share"].values()) == pytest.approx(1.0), name
         assert row["accuracy"] <= rec["policies"]["oracle"]["accuracy"] + 1e-9, name

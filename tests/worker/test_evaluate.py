@@ -51,6 +51,9 @@ def test_eval_command_on_gsm8k_rows(tmp_path, model_cache, monkeypatch):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["problems"] == 20 and 0.0 <= summary["avg@2"] <= summary["pass@2"] <= 1.0
+    from hacrl_fed.worker.engines import resolve_engine
+
+    assert summary["engine"] == resolve_engine("auto")            # the default engine, resolved, is recorded
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     expected_ids = [json.loads(line)["id"] for line in GSM8K_TEST.read_text().splitlines()[:20]]
     assert [r["prompt_id"] for r in rows] == expected_ids
