@@ -116,8 +116,8 @@ def _cli() -> argparse.ArgumentParser:
     parser.add_argument("--contributor-device", default="cpu", help="device of the served model (default: cpu)")
     parser.add_argument("--engine", metavar="NAME", help="every learner's rollout engine (model.engine: auto, hf, "
                         "loop, ct2, vllm or a registered one; docs/engines.md). Default: the engines recorded in "
-                        "--out's meta.json when it holds results, else the config's model.engine where it sets one, "
-                        "else auto (ct2 where ctranslate2 is installed, else hf)")
+                        "--out's meta.json when it holds results, else the config's model.engine (hf unless it "
+                        "names another)")
     return parser
 
 

@@ -68,14 +68,16 @@ def choose_engines(path: Path, cfg, requested: str | None) -> dict[str, str]:
     """Every learner's rollout engine for a run into the results directory of ``meta.json`` at ``path``
     (learner → a concrete ``model.engine``, ``auto`` resolved by :func:`hacrl_fed.worker.engines.resolve_engine`):
 
-    * ``requested`` (``--engine``) when given;
+    * ``requested`` (``--engine``; ``auto`` allowed) when given;
     * otherwise the engines ``meta.json`` records when the directory holds results (a benchmark resumes as it
       began); a ``meta.json`` from before engines were recorded means the config's;
-    * otherwise the config's ``model.engine`` where the config sets one, else ``auto``.
+    * otherwise the config's ``model.engine`` (``hf`` unless it says otherwise). Not ``auto``: a task-suite cell
+      with ``ct2`` float32 took 155 s against ``hf``'s 149 s, idle (docs/engines.md, "Which engine auto picks"):
+      its rollouts pay a refresh per update and the teacher-forced log-probs, which eat the evaluation's gain.
 
     Raises ``ImportError`` (one line) when a chosen engine cannot run here, ``ValueError`` for an unknown name."""
     from hacrl_fed.registries import ROLLOUT_ENGINES
-    from hacrl_fed.worker.engines import AUTO, require_engine, resolve_engine
+    from hacrl_fed.worker.engines import require_engine, resolve_engine
 
     learners = [a for a in cfg.agents if not a.rollout_only]
     if requested is None and _holds_results(path):
@@ -85,7 +87,7 @@ def choose_engines(path: Path, cfg, requested: str | None) -> dict[str, str]:
         return {a.name: a.model.engine for a in learners}
     chosen = {}
     for a in learners:
-        name = requested or (a.model.engine if "engine" in a.model.model_fields_set else AUTO)
+        name = requested or a.model.engine
         ROLLOUT_ENGINES.check(name)
         chosen[a.name] = resolve_engine(name, a.model.device, a.model.behaviour_logprobs)
         require_engine(chosen[a.name])

@@ -50,11 +50,8 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
         assert section in first
     again = _run(out)
     assert again.count("done already") == 4
-    from hacrl_fed.worker.engines import resolve_engine
-
-    auto = resolve_engine("auto")                     # the default: ct2 where ctranslate2 is installed, else hf
-    assert json.loads((out / "meta.json").read_text())["engines"] == {"llama-bpe": auto, "gemma-unigram": auto}
-    other = "loop" if auto != "loop" else "hf"
+    assert json.loads((out / "meta.json").read_text())["engines"] == {"llama-bpe": "hf", "gemma-unigram": "hf"}
+    other = "loop"
     mixed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_collab.py"), "--pair", "tiny-tasks",
                             "--seeds", "3", "--steps", "1", "--recipes", "gspo", "--engine", other, "--out", str(out)],
                            capture_output=True, text=True, cwd=ROOT)
@@ -62,9 +59,9 @@ def test_task_suite_benchmark_reports_per_task_and_resumes(tmp_path):
     assert not (out / "cells" / "gspo-s2.json").exists()
 
 
-def test_engines_are_chosen_as_requested_as_recorded_or_auto(tmp_path):
-    """``--engine`` wins; a directory holding results (a cell or before.json) keeps its recorded engines; else the
-    config's engine where it sets one, else ``auto`` resolved to the engine that runs."""
+def test_engines_are_chosen_as_requested_as_recorded_or_as_configured(tmp_path):
+    """``--engine`` wins (``auto`` resolved to the engine that runs); a directory holding results (a cell or
+    before.json) keeps its recorded engines; else the config's engine."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import pytest
     from collab.results import choose_engines
@@ -76,20 +73,19 @@ def test_engines_are_chosen_as_requested_as_recorded_or_auto(tmp_path):
     names = [a.name for a in cfg.agents]
     meta = tmp_path / "meta.json"
     auto = resolve_engine("auto")
-    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, auto)            # nothing there yet
+    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, "hf")            # nothing there: the config's
     assert choose_engines(meta, cfg, "loop") == dict.fromkeys(names, "loop")
     assert choose_engines(meta, cfg, "auto") == dict.fromkeys(names, auto)
-    meta.write_text(json.dumps({"engines": dict.fromkeys(names, "hf")}))
-    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, auto)            # meta.json alone: no results
+    meta.write_text(json.dumps({"engines": dict.fromkeys(names, "loop")}))
+    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, "hf")            # meta.json alone: no results
     (tmp_path / "before.json").write_text("{}")
-    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, "hf")            # results: as recorded
-    assert choose_engines(meta, cfg, "loop") == dict.fromkeys(names, "loop")        # check_engines refuses it later
+    assert choose_engines(meta, cfg, None) == dict.fromkeys(names, "loop")          # results: as recorded
+    assert choose_engines(meta, cfg, "hf") == dict.fromkeys(names, "hf")            # check_engines refuses it later
     meta.write_text(json.dumps({"command": "made before engines were recorded"}))
     assert choose_engines(meta, cfg, None) == dict.fromkeys(names, "hf")            # the config's, as then
     (tmp_path / "before.json").unlink()
-    cfg.agents[0].model = cfg.agents[0].model.model_copy(update={"engine": "loop"})
-    cfg.agents[0].model.model_fields_set.add("engine")                              # as a config setting it
-    assert choose_engines(meta, cfg, None) == {names[0]: "loop", names[1]: auto}
+    cfg.agents[0].model = cfg.agents[0].model.model_copy(update={"engine": "loop"})  # as a config naming one
+    assert choose_engines(meta, cfg, None) == {names[0]: "loop", names[1]: "hf"}
     with pytest.raises(ValueError, match="unknown rollout engine 'nope'"):
         choose_engines(meta, cfg, "nope")
 
