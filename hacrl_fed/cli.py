@@ -66,18 +66,17 @@ ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a
 AUTO_ENGINE_HELP = ENGINE_HELP + " Default: auto."
 
 
-def _auto_engine(engine: str, device: str) -> tuple[str, str | None]:
-    """(the engine an evaluation command runs, the line that says why, or None): ``engine`` itself, or for
-    ``auto`` the one :func:`hacrl_fed.worker.engines.auto_choice` picks (the line is shown once the inputs have
-    been checked)."""
+def _auto_engine(engine: str, device: str) -> str | None:
+    """For ``--engine auto``, the line that says which engine it will run
+    (:func:`hacrl_fed.worker.engines.auto_choice`; shown once the inputs have been checked); None otherwise."""
     from hacrl_fed.worker.engines import AUTO, resolve_engine
 
     if engine != AUTO:
-        return engine, None
+        return None
     chosen = resolve_engine(engine, device)
     why = ("ctranslate2 is installed; float32, the same greedy tokens as hf" if chosen == "ct2" else
            "ctranslate2 is not installed" if device == "cpu" else f"device {device}")
-    return chosen, f"engine: {chosen} (auto: {why}; --engine hf for Hugging Face generate)"
+    return f"engine: {chosen} (auto: {why}; --engine hf for Hugging Face generate)"
 
 
 def _check_engine(engine: str, *, runs_here: bool = True) -> None:
@@ -265,7 +264,7 @@ def eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
-    engine, engine_line = _auto_engine(engine, device)
+    engine_line = _auto_engine(engine, device)    # auto stays auto: its factory falls back to hf if ct2 cannot
     from hacrl_fed.play.evaluate import DataError, check_data_head, eval_model_config
 
     try:                                         # how an export was prompted in training, if it says
@@ -530,7 +529,7 @@ def route_eval_cmd(
         fail(f"--engine vllm runs on a GPU: give --device cuda (got --device {device}; for another GPU set "
              f"CUDA_VISIBLE_DEVICES)")
     _check_engine(engine)
-    engine, engine_line = _auto_engine(engine, device)
+    engine_line = _auto_engine(engine, device)    # auto stays auto: its factory falls back to hf if ct2 cannot
     try:
         specs, keys = parse_model_specs(model, api_model or [], params or [], api_key_env or [])
         from hacrl_fed.route.embed import load_embedder

@@ -129,7 +129,11 @@ def _cached(path: Path, key: str) -> Outcomes | None:
 
 
 def _measure_all(specs: Sequence[ModelSpec], problems: Sequence[Problem], out: Path, *, verifier, settings: dict,
-                 api_keys: dict[str, str], progress: Callable[[str, int, int], None] | None) -> list[Outcomes]:
+                 api_keys: dict[str, str], progress: Callable[[str, int, int], None] | None,
+                 engine: str = "hf") -> list[Outcomes]:
+    """Every model's outcomes on ``problems``: reused from ``out/outcomes/<name>.json`` when its key (model,
+    problems, ``settings``) matches, else measured — a local model with the engine ``engine`` names (``auto``
+    builds ``ct2`` or falls back to ``hf``)."""
     from hacrl_fed.route.measure import measure_endpoint, measure_local
 
     results = []
@@ -147,7 +151,7 @@ def _measure_all(specs: Sequence[ModelSpec], problems: Sequence[Problem], out: P
             else:
                 got = measure_local(spec, problems, verifier=verifier, max_new_tokens=settings["max_new_tokens"],
                                     system_prompt=settings["system_prompt"], batch_size=settings["batch_size"],
-                                    device=settings["device"], engine=settings.get("engine", "hf"),
+                                    device=settings["device"], engine=engine,
                                     on_progress=tick)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps({"key": key, "outcomes": got.to_json()}))
@@ -200,7 +204,7 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
     out = Path(out)
     from hacrl_fed.worker.engines import resolve_engine
 
-    engine = resolve_engine(engine, device)          # auto → the engine that runs, so the cache key names it
+    requested, engine = engine, resolve_engine(engine, device)   # the cache key names the engine auto picks
     settings = {"max_new_tokens": max_new_tokens, "system_prompt": system_prompt, "batch_size": batch_size,
                 "device": device, "timeout_s": timeout_s}
     if engine != "hf":       # part of the outcomes' cache key (seconds differ by engine); hf-era caches stay valid
@@ -212,7 +216,7 @@ def run_route_eval(specs: Sequence[ModelSpec], problems: Sequence[Problem], cali
     everything = [*cal, *routed]
     with Verifier.from_config(VerifierConfig()) as verifier:
         outs = _measure_all(specs, everything, out, verifier=verifier, settings=settings, api_keys=api_keys or {},
-                            progress=progress)
+                            progress=progress, engine=requested)
     c_rows, r_rows = np.arange(len(cal)), np.arange(len(cal), len(everything))
     emb.fit([p.problem for p in cal])
     e_cal, e_routed = emb.embed([p.problem for p in cal]), emb.embed([p.problem for p in routed])

@@ -24,7 +24,7 @@ __all__ = ["AUTO", "auto_choice", "auto_engine", "build_engine", "ct2_engine", "
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-"""The engine name that picks the fastest engine installed for the model's device (:func:`auto_choice`)."""
+"""The engine name that builds ``ct2`` (float32) where it can run and ``hf`` elsewhere (:func:`auto_choice`)."""
 
 
 def hf_engine(request: EngineRequest) -> RolloutEngine:

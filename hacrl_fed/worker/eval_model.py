@@ -75,7 +75,7 @@ def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, ve
                                  system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
                                  max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=chunk,
                                  on_progress=lambda done: progress.update(task, completed=done))
-    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0, "engine": model_cfg.engine}
+    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0, "engine": getattr(engine, "name", model_cfg.engine)}
     if out:
         write_jsonl(out, results)
     return summary

@@ -104,7 +104,8 @@ def test_engine_option_reaches_every_local_model_and_the_cache_key(tmp_path, mon
     res = runner.invoke(app, args)                       # the default engine: measured again, not reused
     assert res.exit_code == 0, res.output
     auto = engines.resolve_engine("auto")                # ct2 where ctranslate2 is installed (the dev extra), else hf
-    assert [e for e, _ in built] == [auto, auto], built
+    runs = "CT2RolloutEngine" if auto == "ct2" else "HFRolloutEngine"
+    assert built == [("auto", runs), ("auto", runs)], built   # auto's factory builds it (hf if ct2 cannot)
     assert f"engine: {auto} (auto: " in res.output
     built.clear()
     res = runner.invoke(app, [*args, "--engine", "hf"])  # hf by name: a third engine, a third measurement
