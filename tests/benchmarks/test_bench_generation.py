@@ -37,7 +37,7 @@ def test_an_engine_with_its_own_weights_side_by_side(tiny_llama, bench):
     r = json.loads(lines[0])
     assert r["hf_tokens"] == r["ct2_tokens"] and len(r["ct2_refresh_s"]) == 1
     assert r["ct2_parts_s"]["prefill"] is None and r["ct2_parts_s"]["decode"] is None
-    assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] > 0 and r["hf_parts_s"]["decode"] > 0
+    assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] >= 0 and r["hf_parts_s"]["decode"] > 0
     assert any(line.startswith("| ") and "| – / – / " in line for line in lines[1:])
 
 
