@@ -45,9 +45,14 @@ def check_contributor(path: Path, name: str, source: str) -> None:
                          f"this run's is {name!r} from {source!r}: use another --out")
 
 
-def _holds_results(path: Path) -> bool:
-    """The results directory of ``meta.json`` at ``path`` holds a cell or a ``before.json``."""
-    return path.exists() and ((path.parent / "before.json").exists() or any((path.parent / "cells").glob("*.json")))
+def recorded_engines(path: Path, unrecorded: dict[str, str]) -> dict[str, str] | None:
+    """The engines the results (cells or ``before.json``) in the directory of ``meta.json`` at ``path`` were made
+    with: what ``meta.json`` records, or ``unrecorded`` for a ``meta.json`` written before engines were recorded;
+    None when the directory holds no results."""
+    if not path.exists() or not ((path.parent / "before.json").exists()
+                                 or any((path.parent / "cells").glob("*.json"))):
+        return None
+    return json.loads(path.read_text()).get("engines") or unrecorded
 
 
 def check_engines(path: Path, engines: dict[str, str], unrecorded: dict[str, str]) -> None:
@@ -56,10 +61,8 @@ def check_engines(path: Path, engines: dict[str, str], unrecorded: dict[str, str
     mixed within one benchmark (greedy text, and so every outcome, may differ between engines). A ``meta.json``
     written before engines were recorded counts as made with ``unrecorded`` (the config's engines: the only way
     cells were made then)."""
-    if not _holds_results(path):
-        return
-    old = json.loads(path.read_text()).get("engines", unrecorded)
-    if old != engines:
+    old = recorded_engines(path, unrecorded)
+    if old is not None and old != engines:
         raise ValueError(f"{path.parent} holds cells made with engines {old}; this run's are {engines}: "
                          "engines are never mixed within one benchmark, use another --out")
 
@@ -80,11 +83,9 @@ def choose_engines(path: Path, cfg, requested: str | None) -> dict[str, str]:
     from hacrl_fed.worker.engines import require_engine, resolve_engine
 
     learners = [a for a in cfg.agents if not a.rollout_only]
-    if requested is None and _holds_results(path):
-        recorded = json.loads(path.read_text()).get("engines")
-        if recorded:
-            return {a.name: recorded.get(a.name, a.model.engine) for a in learners}
-        return {a.name: a.model.engine for a in learners}
+    recorded = recorded_engines(path, {a.name: a.model.engine for a in learners}) if requested is None else None
+    if recorded is not None:
+        return {a.name: recorded.get(a.name, a.model.engine) for a in learners}
     chosen = {}
     for a in learners:
         name = requested or a.model.engine

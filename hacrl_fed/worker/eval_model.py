@@ -34,8 +34,8 @@ def run_eval(model_cfg, data: str, *, samples: int = 1, out: str | None = None, 
 
     Generates with the engine ``model_cfg.engine`` names (:func:`~hacrl_fed.worker.engines.build_engine`).
     Returns the summary (see :func:`summarize`) plus ``elapsed_s`` and ``engine`` (the engine that generated);
-    writes per-problem JSONL to ``out`` when given. Raises :class:`~hacrl_fed.data.problem.DataError` (a ``ValueError``: bad data, before the
-    model loads), ``ModelLoadError``, ``ValueError`` (bad options), ``OSError``, or
+    writes per-problem JSONL to ``out`` when given. Raises :class:`~hacrl_fed.data.problem.DataError` (a
+    ``ValueError``: bad data, before the model loads), ``ModelLoadError``, ``ValueError`` (bad options), ``OSError``, or
     ``VLLMUnavailableError`` (before the model loads) for the vllm engine without vllm.
     """
     import tempfile
@@ -75,7 +75,8 @@ def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, ve
                                  system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,
                                  max_prompt_tokens=model_cfg.max_prompt_tokens, chunk_prompts=chunk,
                                  on_progress=lambda done: progress.update(task, completed=done))
-    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0, "engine": getattr(engine, "name", model_cfg.engine)}
+    summary = summarize(results) | {"elapsed_s": time.perf_counter() - t0,
+                                    "engine": getattr(engine, "name", model_cfg.engine)}
     if out:
         write_jsonl(out, results)
     return summary
