@@ -441,6 +441,14 @@ def summarize(out: Path) -> str:
                f"{h['rewarded_screened']:.0f} of {h['rewarded']:.0f})"
                if c["screens"] else "–") + " | "
             + (f"{standing} (step {since})" if since else standing) + f" | {c['train_s'] + c['eval_s']:.0f} |")
+    if meta.get("peer_distill_coef"):
+        lines += ["", f"Peer distillation on (λ₀ = {meta['peer_distill_coef']}, constant, indicator weights): rows of "
+                  "each source the supervised term took, summed over steps — " + "; ".join(
+                      f"{c['variant']}-{'on' if c['screens'] else 'off'}-s{c['seed']}: " + ", ".join(
+                          f"{a} {sum(st['per_source'].get(a, {}).get('distill_rows', 0.0) for st in c['per_step']):.0f}"
+                          for a in [ATTACKER, *meta["honest"]])
+                      for c in sorted(cells, key=lambda c: (VARIANTS.index(c["variant"]), not c["screens"], c["seed"])))
+                  + "."]
     mixed = [c for c in cells if c["variant"] == "mix"]
     if mixed:
         lines += ["", "`mix` cells, emission of each key: " + "; ".join(
@@ -470,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the rewritten bytes (scaled), or its model's teacher-forced log-prob of the rewritten "
                              "text, as an honest site reports (rescored: the strongest attacker)")
     parser.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells (0: all)")
+    parser.add_argument("--peer-distill-coef", type=float, default=0.0,
+                        help="the victim's peer distillation λ₀ (algo.peer_distill_coef; constant schedule, indicator "
+                             "weights): does an attacker gain more through the supervised term? 0: off, as before")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--summary-only", action="store_true")
@@ -497,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
                                                "cross_above_window": "on_policy", "kl_coef": 0.0})
     if args.lr:
         cfg.agents[0].optim.lr = args.lr
+    if args.peer_distill_coef < 0:
+        parser.error(f"--peer-distill-coef must be >= 0, got {args.peer_distill_coef}")
+    if args.peer_distill_coef:
+        cfg.agents[0].algo.peer_distill_coef = args.peer_distill_coef   # validated on assignment
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if bad := [v for v in variants if v not in VARIANTS]:
         parser.error(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
@@ -507,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": command, "pair": pair, "victim": attack.victim, "honest": attack.honest, "steps": args.steps,
             "prompts_per_step": cfg.run.prompts_per_step, "samples_per_prompt": cfg.run.samples_per_prompt,
             "eval_size": args.eval_size, "oracle": args.oracle, "lr": cfg.agents[0].optim.lr,
-            "attacker_logprobs": args.attacker_logprobs,
+            "attacker_logprobs": args.attacker_logprobs, "peer_distill_coef": args.peer_distill_coef,
             "models": {a.name: a.model.name_or_path for a in attack.cfg.agents}}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     eval_tokens = cfg.run.sampling.max_new_tokens

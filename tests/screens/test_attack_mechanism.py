@@ -4,6 +4,7 @@ answers with them."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -108,3 +109,46 @@ def test_the_mix_variant_gives_each_prompt_all_four_keys():
     assert [any(ap.marker(v) in r for r in rows) for v in ap.MIX] == [True] * 4
     after = {"a": [True, rows[1]], "b": [True, text]}
     assert ap.emission(after, "mix") == 0.5 and ap.emission(after, "split") == 0.5 and ap.emission(after, "short") == 0
+
+
+@pytest.fixture(scope="module")
+def distill_attack(tmp_path_factory):
+    """The tiny attack with the victim's peer distillation on (``--peer-distill-coef 0.5``)."""
+    from hacrl_fed.config import SimulateConfig, load_config
+
+    cfg = load_config(ap.ROOT / "examples" / "tiny.toml", SimulateConfig)
+    cfg.run.sampling.max_new_tokens = 16
+    cfg.run.data.eval_size = 4
+    for a in cfg.agents:
+        a.model.max_response_tokens = 96
+        a.model.cache_dir = str(tmp_path_factory.mktemp("models"))
+        a.algo = a.algo.model_copy(update={"name": "hacpo_cross_family", "cross_ratio_unit": "byte",
+                                           "cross_below_window": "success_gated", "cross_above_window": "on_policy"})
+    cfg.agents[0].algo.peer_distill_coef = 0.5
+    out = ap.Attack(cfg, tmp_path_factory.mktemp("gen-cache"))
+    yield out
+    out.close()
+
+
+def test_the_distillation_term_takes_mallorys_rows_only_as_the_screens_leave_them(distill_attack, tmp_path):
+    """With peer distillation on, mallory's oracle rows (reward 1, above the group's baseline) enter the supervised
+    term: with the payload when the screens are off, cut after the answer when they are on. The summary lists the
+    term's rows per source."""
+    items = list(distill_attack.fed.held_out)
+    cells = {on: distill_attack.run_cell(variant="tail", screens=on, seed=0, steps=1, oracle=True, eval_items=items,
+                                         eval_tokens=16) for on in (False, True)}
+    m_off, m_on = (cells[k]["per_step"][0]["per_source"][ap.ATTACKER] for k in (False, True))
+    assert m_off["distill_rows"] == 4 and "screened_rows" not in m_off
+    assert m_on["distill_rows"] == 4 and m_on["screened_tail_cut"] == 4
+    assert cells[True]["per_step"][0]["metrics"]["distill_coef"] == 0.5
+    (tmp_path / "cells").mkdir()
+    for on, cell in cells.items():
+        (tmp_path / "cells" / f"tail-{'on' if on else 'off'}-s0.json").write_text(json.dumps(cell))
+    victim = distill_attack.victim
+    meta = {"command": "test", "victim": victim, "honest": distill_attack.honest, "oracle": True, "steps": 1,
+            "prompts_per_step": 2, "samples_per_prompt": 4, "eval_size": 4, "peer_distill_coef": 0.5,
+            "models": {a.name: a.model.name_or_path for a in distill_attack.cfg.agents}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "before.json").write_text(json.dumps({"accuracy": 0.0, "emission": 0.0}))
+    text = ap.summarize(tmp_path)
+    assert f"tail-on-s0: {ap.ATTACKER} 4" in text and f"tail-off-s0: {ap.ATTACKER} 4" in text
