@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from collab.evaluation import eval_sets_for, evaluate_sets  # noqa: E402
 from collab.recipes import PAIRS  # noqa: E402
+from collab.results import recorded_engines  # noqa: E402
 
 
 def evaluate_with(cfg, engine: str, threads: int | None, options: dict | None = None) -> tuple[dict, float]:
@@ -56,10 +57,10 @@ def evaluate_with(cfg, engine: str, threads: int | None, options: dict | None = 
 
 
 def read_before(path: Path, engine: str) -> dict:
-    """Learner → set → {item id: outcome} from a ``before.json`` made with ``engine`` (checked on its meta.json)."""
-    meta_path = path.parent / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    made = set((meta.get("engines") or {}).values()) or {"hf"}
+    """Learner → set → {item id: outcome} from a ``before.json`` made with ``engine`` (checked on its meta.json by
+    :func:`collab.results.recorded_engines`; results from before engines were recorded, or without a meta.json,
+    were made with ``hf``). Raises ``ValueError`` for another engine."""
+    made = set((recorded_engines(path.parent / "meta.json", {"any": "hf"}) or {"any": "hf"}).values())
     if made != {engine}:
         raise ValueError(f"{path} was made with engine(s) {sorted(made)}, not {engine!r}")
     return json.loads(path.read_text())["agents"]
