@@ -291,6 +291,7 @@ def eval_cmd(
         typer.echo(announce, err=True)
     if engine_line:
         typer.echo(engine_line, err=True)
+    _cli_logging()                               # progress on stderr: model load, an engine's conversion
     from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.eval_model import run_eval
     from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError

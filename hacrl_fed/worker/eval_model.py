@@ -60,6 +60,7 @@ def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, ve
                show_progress) -> dict[str, float]:
     import time
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hacrl_fed.config import VerifierConfig
@@ -69,7 +70,7 @@ def _run_items(engine, lm, model_cfg, items, *, samples, out, sampling, seed, ve
     t0 = time.perf_counter()
     columns = (TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Verifier.from_config(verifier_cfg or VerifierConfig()) as verifier, \
-            Progress(*columns, disable=not show_progress, transient=False) as progress:
+            Progress(*columns, console=Console(stderr=True), disable=not show_progress, transient=False) as progress:
         task = progress.add_task("eval", total=len(items))
         results = evaluate_items(engine, lm.tokenizer, verifier, items, samples=samples, sampling=sampling, seed=seed,
                                  system_prompt=model_cfg.system_prompt, template=model_cfg.chat_template,

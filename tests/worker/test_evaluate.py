@@ -96,3 +96,21 @@ def test_eval_on_a_data_file_with_unknown_columns_exits_2_with_one_line(tmp_path
     res = CliRunner().invoke(app, ["eval", "--model", "no-such-model-is-loaded", "--data", str(data)])
     assert res.exit_code == 2, res.output
     assert res.stderr == f"error: {data}:1: no problem text: expected a 'problem', 'question' or 'prompt' column\n"
+
+
+def test_eval_logs_progress_on_stderr(tmp_path, model_cache):
+    """``hacrl-fed eval`` switches on INFO logging once its inputs are checked: an engine's weight conversion (ct2's
+    can take tens of seconds) shows on stderr, as does the progress bar; stdout holds the summary only."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ctranslate2")
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps({"id": "p0", "problem": "What is 1 + 1?", "answer": "2"}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "hacrl_fed.cli", "eval", "--model", "tiny-llama-bpe", "--data",
+                           str(data), "--max-new-tokens", "4", "--engine", "ct2", "--json"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HACRL_FED_CACHE": model_cache})
+    assert proc.returncode == 0, proc.stderr
+    assert "ct2: weights version" in proc.stderr
+    assert json.loads(proc.stdout)["engine"] == "ct2"                 # stdout: the summary only (progress: stderr)
