@@ -28,8 +28,8 @@ def test_poison_variants_keep_the_answer_and_carry_the_payload():
         ap.poison_text(text, "nope")
 
 
-@pytest.fixture(scope="module")
-def attack(tmp_path_factory):
+def _tiny_attack(tmp_path_factory, peer_distill_coef: float = 0.0):
+    """The attack on the tiny pair (the victim's peer distillation λ₀ as ``--peer-distill-coef``)."""
     from hacrl_fed.config import SimulateConfig, load_config
 
     cfg = load_config(ap.ROOT / "examples" / "tiny.toml", SimulateConfig)
@@ -40,7 +40,13 @@ def attack(tmp_path_factory):
         a.model.cache_dir = str(tmp_path_factory.mktemp("models"))
         a.algo = a.algo.model_copy(update={"name": "hacpo_cross_family", "cross_ratio_unit": "byte",
                                            "cross_below_window": "success_gated", "cross_above_window": "on_policy"})
-    out = ap.Attack(cfg, tmp_path_factory.mktemp("gen-cache"))
+    cfg.agents[0].algo.peer_distill_coef = peer_distill_coef
+    return ap.Attack(cfg, tmp_path_factory.mktemp("gen-cache"))
+
+
+@pytest.fixture(scope="module")
+def attack(tmp_path_factory):
+    out = _tiny_attack(tmp_path_factory)
     yield out
     out.close()
 
@@ -113,19 +119,7 @@ def test_the_mix_variant_gives_each_prompt_all_four_keys():
 
 @pytest.fixture(scope="module")
 def distill_attack(tmp_path_factory):
-    """The tiny attack with the victim's peer distillation on (``--peer-distill-coef 0.5``)."""
-    from hacrl_fed.config import SimulateConfig, load_config
-
-    cfg = load_config(ap.ROOT / "examples" / "tiny.toml", SimulateConfig)
-    cfg.run.sampling.max_new_tokens = 16
-    cfg.run.data.eval_size = 4
-    for a in cfg.agents:
-        a.model.max_response_tokens = 96
-        a.model.cache_dir = str(tmp_path_factory.mktemp("models"))
-        a.algo = a.algo.model_copy(update={"name": "hacpo_cross_family", "cross_ratio_unit": "byte",
-                                           "cross_below_window": "success_gated", "cross_above_window": "on_policy"})
-    cfg.agents[0].algo.peer_distill_coef = 0.5
-    out = ap.Attack(cfg, tmp_path_factory.mktemp("gen-cache"))
+    out = _tiny_attack(tmp_path_factory, peer_distill_coef=0.5)
     yield out
     out.close()
 
