@@ -216,7 +216,8 @@ def route(args, before: dict[str, str], after: dict[str, str] | None) -> None:
 def analyse(collab: Path, out: Path) -> str:
     """Per site and subset (its own, the other sites'): accuracy of the specialist (``before.json``) and after each
     recipe, and the paired differences ``hacpo − gspo`` and ``hacpo − gspo_x2`` with 95 % t intervals on the seeds'
-    degrees of freedom (points). Writes ``<out>/analysis.md`` and ``analysis.json``; returns the markdown."""
+    degrees of freedom and the MDE at the seeds and items run (points; benchmarks/preregistered/specialists.md).
+    Writes ``<out>/analysis.md`` and ``analysis.json``; returns the markdown."""
     from collab.scoring import accuracy
     from collab.stats import paired
 
@@ -246,7 +247,7 @@ def analyse(collab: Path, out: Path) -> str:
                     if base in by:
                         p = paired(by[r], by[base], agent, "held_out", only=ids)
                         entry[f"{r} - {base}"] = None if p is None else {
-                            "mean": p.mean, "low": p.low, "high": p.high, "seeds": p.n, "items": p.m}
+                            "mean": p.mean, "low": p.low, "high": p.high, "mde": p.mde, "seeds": p.n, "items": p.m}
             record["sites"].setdefault(agent, {})[side] = entry
             rows.append((agent, side, entry))
     recipes = sorted(by)
@@ -264,8 +265,8 @@ def analyse(collab: Path, out: Path) -> str:
         for k in contrasts:
             d = e.get(k)
             diffs.append("–" if d is None else f"{100 * d['mean']:+.1f}" + (
-                f" [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]" if d["low"] is not None and d["seeds"] > 1
-                else f" ({d['seeds']} seed)"))
+                f" [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], MDE {100 * d['mde']:.1f}"
+                if d["seeds"] > 1 else f" ({d['seeds']} seed)"))
         lines.append(f"| {agent} | {side}: {', '.join(e['tasks'])} | {e['items']} | {100 * e['specialist']:.1f} % | "
                      + " | ".join(cells_txt) + " | " + " | ".join(diffs) + " |")
     text = "\n".join(lines) + "\n"

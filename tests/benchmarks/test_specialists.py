@@ -88,7 +88,7 @@ def test_the_analysis_pairs_by_seed_and_item(tmp_path):
     assert (d["low"], d["high"]) == pytest.approx((0.5 - 6.3531, 0.5 + 6.3531), abs=1e-4)
     assert b_other["hacpo - gspo"]["mean"] == 0.5 and rec["b"]["own"]["hacpo - gspo"]["mean"] == 0.0
     assert "hacpo - gspo_x2" not in a_other                                   # no GSPO×2 cells: no contrast
-    assert "| a | other: y | 2 | 0.0 % | 50.0 % | 100.0 % | +50.0 [-585.3, +685.3] |" in text
+    assert d["mde"] > 1 and "| a | other: y | 2 | 0.0 % | 50.0 % | 100.0 % | +50.0 [-585.3, +685.3], MDE " in text
 
 
 def test_the_specialize_stage_on_the_tiny_task_pair(tmp_path):
