@@ -142,7 +142,7 @@ def _parts(name: str, parts: dict[str, float], wall: float) -> dict[str, float |
 
 def _mean(values) -> float | None:
     values = list(values)
-    return None if any(v is None for v in values) else round(statistics.mean(values), 4)   # a tiny model's split is ms
+    return None if any(v is None for v in values) else round(statistics.mean(values), 6)   # a tiny model's split is ms, µs kept
 
 
 def _cell(model_name, lm, load_s, n, new, temp, args, runs, engines) -> dict:

@@ -23,7 +23,9 @@ def test_two_engines_side_by_side_on_a_tiny_model(tiny_llama, bench):
     assert (r["sequences"], r["max_new_tokens"], r["temperature"], r["pairs"]) == (2, 4, 0.0, 2)
     assert r["hf_tokens"] == r["loop_tokens"] and all(0 < t <= 2 * 4 for t in r["hf_tokens"])   # greedy: same tokens
     assert r["ratio_min"] <= r["ratio"] <= r["ratio_max"] and r["cpu_ratio"] > 0
-    assert set(r["hf_parts_s"]) == {"prefill", "decode", "logprobs", "rest"} and r["hf_parts_s"]["decode"] > 0
+    assert set(r["hf_parts_s"]) == {"prefill", "decode", "logprobs", "rest"} and r["hf_parts_s"]["prefill"] > 0
+    # a decode forward runs only when some row outlives its first token (a random tiny model may end both at once)
+    assert (r["hf_parts_s"]["decode"] > 0) == any(t > 2 for t in r["hf_tokens"])
     assert r["loop_parts_s"]["logprobs"] == 0 and any(line.startswith("| ") and "×" in line for line in lines[1:])
 
 
@@ -37,7 +39,7 @@ def test_an_engine_with_its_own_weights_side_by_side(tiny_llama, bench):
     r = json.loads(lines[0])
     assert r["hf_tokens"] == r["ct2_tokens"] and len(r["ct2_refresh_s"]) == 1
     assert r["ct2_parts_s"]["prefill"] is None and r["ct2_parts_s"]["decode"] is None
-    assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] >= 0 and r["hf_parts_s"]["decode"] > 0
+    assert r["ct2_parts_s"]["logprobs"] >= 0 and r["ct2_parts_s"]["rest"] >= 0 and r["hf_parts_s"]["prefill"] > 0
     assert any(line.startswith("| ") and "| – / – / " in line for line in lines[1:])
 
 
