@@ -57,14 +57,14 @@ def fail(message: str, code: int = 2) -> None:
 
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a decode loop on the same model: "
-               "finished rows leave the batch) | ct2 (CTranslate2, float32 by default, CPU; pip install "
-               "'hacrl-fed[fast]') | auto (ct2 where it is installed and the device is cpu, else hf) | vllm "
+               "finished rows leave the batch) | ct2 (CTranslate2, float32 by default, CPU; the project's "
+               "fast extra, or pip install ctranslate2) | auto (ct2 where it is installed and the device is cpu, else hf) | vllm "
                "(needs device cuda and vllm installed "
                "in this environment: docs/engines.md) | a registered engine or package.module:factory "
                "(docs/extending.md).")
 
 
-AUTO_ENGINE_HELP = ENGINE_HELP + " Default: auto."
+AUTO_ENGINE_HELP = ENGINE_HELP   # the default (auto) is shown by the help itself
 
 
 def _auto_engine(engine: str, device: str) -> str | None:
