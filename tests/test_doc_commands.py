@@ -38,7 +38,7 @@ def _blocks(page: Path) -> list[tuple[bool, str]]:
 
 
 def _name(page: Path) -> str:
-    return page.relative_to(ROOT).as_posix()
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
 
 
 def _commands(body: str) -> list[str]:
@@ -104,18 +104,38 @@ def test_benchmark_commands_use_options_their_scripts_define():
 
 
 def test_the_files_the_commands_name_exist():
+    """Every repository path a documented command names exists, but for placeholders, where a command writes, and
+    what lies under a directory an earlier command of the same block wrote (``--out DIR`` then ``DIR/file``)."""
     checked = 0
     for page in PAGES:
         for _, body in _blocks(page):
+            written: set[str] = set()
             for line in _commands(body):
                 words = line.split()
                 for path in _REPO_PATH.findall(line):
                     at = next((i for i, w in enumerate(words) if path in w), 0)
-                    if "<" in path or "*" in path or (at and words[at - 1] in _WRITES):
-                        continue                    # a placeholder, or where the command writes
+                    if at and words[at - 1] in _WRITES:
+                        written.add(path)
+                        continue                    # where the command writes
+                    if "<" in path or "*" in path or any(path == d or path.startswith(d + "/") for d in written):
+                        continue                    # a placeholder, or what an earlier command of the block wrote
                     assert (ROOT / path).exists(), f"{_name(page)}: `{line}`: no {path} in the repository"
                     checked += 1
     assert checked >= 10
+
+
+def test_a_file_written_by_an_earlier_command_of_its_block_is_not_asked_for(monkeypatch, tmp_path):
+    """The rule above, on a page of its own: ``DIR/union.toml`` passes after ``--out DIR``, fails without it."""
+    page = tmp_path / "page.md"
+    produced = "python benchmarks/specialists.py --out benchmarks/results/nowhere\n"
+    used = "python benchmarks/run_collab.py --config benchmarks/results/nowhere/union.toml\n"
+    monkeypatch.setattr(sys.modules[__name__], "PAGES", [page])
+    filler = "".join(f"cat examples/{p.name}\n" for p in sorted((ROOT / "examples").glob("*.toml"))[:10])
+    page.write_text(f"```bash\n{filler}{produced}{used}```\n", encoding="utf-8")
+    test_the_files_the_commands_name_exist()
+    page.write_text(f"```bash\n{filler}{used}```\n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="nowhere/union.toml"):
+        test_the_files_the_commands_name_exist()
 
 
 def test_the_links_between_the_pages_resolve():
