@@ -73,6 +73,16 @@ def _rows_tasks() -> list[list]:
                                                              for a, b in cols]]]
 
 
+def _episode_contrast(baseline: str, won_label: str, mde_label: str) -> list[list]:
+    """The multi-turn table's rows of HACPO cross-family − ``baseline`` for both learners: Δ games won, Δ mean
+    reward (paired by seed and game) and the MDE of Δ won."""
+    return [[f"{won_label} [95 % t interval, paired by seed and game]",
+             *(("diff", "hacpo_cross_family", baseline, a, "held_out") for a in (_G, _S))],
+            ["Δ mean reward, the same", *(("diff", "hacpo_cross_family", baseline, a, "held_out", "reward")
+                                          for a in (_G, _S))],
+            [mde_label, *(("mde", "hacpo_cross_family", baseline, a, "held_out") for a in (_G, _S))]]
+
+
 TABLES: dict[str, dict] = {
     "collab-10step": {
         "dir": "benchmarks/results/collab-10step",
@@ -115,24 +125,12 @@ TABLES: dict[str, dict] = {
                  ["HACPO cross-family (the recommended recipe), seed 0 · seed 1",
                   ("won_reward", "hacpo_cross_family", _G, "held_out"),
                   ("won_reward", "hacpo_cross_family", _S, "held_out")],
-                 ["Δ won, HACPO − GSPO [95 % t interval, paired by seed and game]",
-                  ("diff", "hacpo_cross_family", "gspo", _G, "held_out"),
-                  ("diff", "hacpo_cross_family", "gspo", _S, "held_out")],
-                 ["Δ mean reward, the same", ("diff", "hacpo_cross_family", "gspo", _G, "held_out", "reward"),
-                  ("diff", "hacpo_cross_family", "gspo", _S, "held_out", "reward")],
-                 ["minimum detectable effect of Δ won (2 seeds, 32 games)",
-                  ("mde", "hacpo_cross_family", "gspo", _G, "held_out"),
-                  ("mde", "hacpo_cross_family", "gspo", _S, "held_out")],
+                 *_episode_contrast(
+                     "gspo", "Δ won, HACPO − GSPO", "minimum detectable effect of Δ won (2 seeds, 32 games)"),
                  ["GSPO×2 (isolated, 2G own rollouts: HACPO's 80 updates), per seed run",
                   ("won_reward", "gspo_x2", _G, "held_out"), ("won_reward", "gspo_x2", _S, "held_out")],
-                 ["Δ won, HACPO − GSPO×2 [95 % t interval, paired by seed and game]",
-                  ("diff", "hacpo_cross_family", "gspo_x2", _G, "held_out"),
-                  ("diff", "hacpo_cross_family", "gspo_x2", _S, "held_out")],
-                 ["Δ mean reward, the same", ("diff", "hacpo_cross_family", "gspo_x2", _G, "held_out", "reward"),
-                  ("diff", "hacpo_cross_family", "gspo_x2", _S, "held_out", "reward")],
-                 ["minimum detectable effect of Δ won against GSPO×2 (seeds run, 32 games)",
-                  ("mde", "hacpo_cross_family", "gspo_x2", _G, "held_out"),
-                  ("mde", "hacpo_cross_family", "gspo_x2", _S, "held_out")]]},
+                 *_episode_contrast("gspo_x2", "Δ won, HACPO − GSPO×2",
+                                    "minimum detectable effect of Δ won against GSPO×2 (seeds run, 32 games)")]},
     "async-vs-sync": {
         "dir": "benchmarks/results/async-vs-sync",
         "header": ["site", "updates/h sync", "updates/h async", "held-out after 8 own updates, sync → async",
