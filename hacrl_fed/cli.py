@@ -58,13 +58,9 @@ def fail(message: str, code: int = 2) -> None:
 
 ENGINE_HELP = ("Rollout engine: hf (Hugging Face generate, any device) | loop (a decode loop on the same model: "
                "finished rows leave the batch) | ct2 (CTranslate2, float32 by default, CPU; the project's "
-               "fast extra, or pip install ctranslate2) | auto (ct2 where it is installed and the device is cpu, else hf) | vllm "
-               "(needs device cuda and vllm installed "
-               "in this environment: docs/engines.md) | a registered engine or package.module:factory "
-               "(docs/extending.md).")
-
-
-AUTO_ENGINE_HELP = ENGINE_HELP   # the default (auto) is shown by the help itself
+               "fast extra, or pip install ctranslate2) | auto (ct2 where it is installed and the device is cpu, "
+               "else hf) | vllm (needs device cuda and vllm installed in this environment: docs/engines.md) | a "
+               "registered engine or package.module:factory (docs/extending.md).")
 
 
 def _auto_engine(engine: str, device: str) -> str | None:
@@ -252,7 +248,7 @@ def eval_cmd(
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Sequences per generate call."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON line (for scripts) "
                                  "instead of the readable table."),
-    engine: str = typer.Option("auto", "--engine", help=AUTO_ENGINE_HELP),
+    engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
 ) -> None:
     """Evaluate a model on math problems with the training verifier: avg@k and pass@k."""
     import json
@@ -509,7 +505,7 @@ def route_eval_cmd(
                                            "--model names)."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Queries per generate call of a local model."),
     device: str = typer.Option("cpu", "--device", help="Where local models run."),
-    engine: str = typer.Option("auto", "--engine", help=AUTO_ENGINE_HELP + " Generates every local model's "
+    engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP + " Generates every local model's "
                                "responses (endpoints are not affected)."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", min=1.0, help="Seconds per endpoint request."),
     seed: int = typer.Option(0, "--seed", help="Calibration split and bootstrap seed."),
