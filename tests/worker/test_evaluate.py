@@ -98,6 +98,17 @@ def test_eval_on_a_data_file_with_unknown_columns_exits_2_with_one_line(tmp_path
     assert res.stderr == f"error: {data}:1: no problem text: expected a 'problem', 'question' or 'prompt' column\n"
 
 
+def test_eval_of_an_unknown_model_ends_with_one_line_before_any_announcement(tmp_path):
+    """An unknown ``--model`` is a usage error found before the engine choice or the prompt is announced and before
+    anything loads: the one line is the error."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"problem": "What is 1 + 1?", "answer": "2"}\n')
+    res = CliRunner().invoke(app, ["eval", "--model", "./models/no-such-model", "--data", str(data)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith("error: no such model directory or file: ./models/no-such-model (known aliases: ")
+    assert len(res.stderr.splitlines()) == 1 and res.stdout == "", res.output
+
+
 def test_eval_logs_progress_on_stderr(tmp_path, model_cache):
     """``hacrl-fed eval`` switches on INFO logging once its inputs are checked: an engine's weight conversion (ct2's
     can take tens of seconds) shows on stderr, as does the progress bar; stdout holds the summary only."""
