@@ -114,7 +114,7 @@ def evaluate_items(engine, tokenizer, verifier, items: Sequence[EvalItem], *, sa
 
 
 def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
-    """``avg@n``, ``pass@j`` (j = 1, 2, 4, … ≤ n, and n), ``problems``, ``verifier_error_frac``,
+    """``avg@n``, ``pass@j`` (j = 1, 2, 4, … ≤ n, and n), ``problems`` (an int), ``verifier_error_frac``,
     ``length_frac`` (responses cut at max_new_tokens), ``response_tokens_mean``; for episodes also
     ``reward_mean``, the mean of every sample's reward (a partial reward counts how close a lost episode came,
     docs/multi-turn.md).
@@ -127,7 +127,7 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
     if any(r.total != n for r in results):
         raise ValueError("all results must have the same number of samples")
     ks = sorted({j for j in (2 ** e for e in range(n.bit_length())) if j <= n} | {n})
-    out = {f"avg@{n}": sum(r.correct / n for r in results) / len(results), "problems": float(len(results))}
+    out = {f"avg@{n}": sum(r.correct / n for r in results) / len(results), "problems": len(results)}
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(n, r.correct, k) for r in results) / len(results)
     verdicts = [v for r in results for v in r.verdicts]

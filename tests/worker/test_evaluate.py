@@ -124,4 +124,6 @@ def test_eval_logs_progress_on_stderr(tmp_path, model_cache):
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HACRL_FED_CACHE": model_cache})
     assert proc.returncode == 0, proc.stderr
     assert "ct2: weights version" in proc.stderr
-    assert json.loads(proc.stdout)["engine"] == "ct2"                 # stdout: the summary only (progress: stderr)
+    summary = json.loads(proc.stdout)
+    assert summary["engine"] == "ct2"                                 # stdout: the summary only (progress: stderr)
+    assert summary["problems"] == 1 and isinstance(summary["problems"], int)     # a count, printed as one
