@@ -41,6 +41,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from hacrl_fed.launch.supervise import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -141,7 +143,7 @@ def _simulate(config: Path, runs: Path, name: str, threads: int | None) -> Path:
     if run_dir.exists():                          # an unfinished run: go on from its checkpoints
         cmd = [sys.executable, "-m", "hacrl_fed.cli", "simulate", "--resume", str(run_dir), "--no-progress"]
     print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
-    subprocess.run(cmd, check=True, env=env)
+    subprocess.run(cmd, check=True, env=env, preexec_fn=die_with_parent)   # killed, even by SIGKILL: it stops too
     for a in cfg["agents"]:
         if not (run_dir / a["name"] / "export" / "config.json").is_file():
             raise RuntimeError(f"{run_dir}: no export of {a['name']} after the run (see {run_dir}/logs)")
@@ -210,7 +212,7 @@ def route(args, before: dict[str, str], after: dict[str, str] | None) -> None:
         cmd = [sys.executable, "-m", "hacrl_fed.cli", "route", "eval", "--data", str(args.config), "--out", str(dest),
                *[x for a, p in models.items() for x in ("--model", f"{a}={p}")], "--engine", args.engine]
         print(f"[route {label}] {' '.join(cmd[2:])}", flush=True)
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, preexec_fn=die_with_parent)
 
 
 def analyse(collab: Path, out: Path) -> str:

@@ -39,7 +39,7 @@ from typing import IO
 
 import psutil
 
-__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "find_executable", "free_port", "port_problem", "strip_ansi",
+__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "die_with_parent", "find_executable", "free_port", "port_problem", "strip_ansi",
            "wait_for_tcp"]
 
 log = logging.getLogger("hacrl_fed.supervise")
@@ -74,8 +74,9 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()  # looked up once here: the child must not load libraries between fork and exec
 
 
-def _child_setup() -> None:
-    """Runs in the child between fork and exec: die (SIGTERM) when the supervisor dies."""
+def die_with_parent() -> None:
+    """``preexec_fn`` of a child process: runs between fork and exec and asks Linux to send the child SIGTERM when
+    its parent dies, even of SIGKILL (``prctl(PR_SET_PDEATHSIG)``). A no-op elsewhere."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
@@ -361,7 +362,7 @@ class Supervisor:
         try:
             popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=dict(env) if env is not None else None,
-                                     cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
+                                     cwd=cwd, start_new_session=True, preexec_fn=die_with_parent)
         except OSError:
             log_file.close()
             raise

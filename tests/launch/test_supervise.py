@@ -105,6 +105,28 @@ def test_children_die_with_a_killed_supervisor(tmp_path):
         time.sleep(0.1)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_plain_subprocess_with_die_with_parent_dies_with_its_killed_parent():
+    """What the benchmark drivers (benchmarks/specialists.py) use for their ``simulate`` and ``route eval`` children:
+    ``subprocess.run(..., preexec_fn=die_with_parent)`` outlives no SIGKILLed parent."""
+    script = textwrap.dedent("""
+        import subprocess, sys
+        from hacrl_fed.launch.supervise import die_with_parent
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=die_with_parent)
+        print(child.pid, flush=True)
+        child.wait()
+    """)
+    outer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(outer.stdout.readline())
+    assert psutil.pid_exists(child)
+    outer.kill()
+    outer.wait()
+    end = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < end, "child outlived its SIGKILLed parent"
+        time.sleep(0.1)
+
+
 def test_wait_for_tcp_and_free_port():
     import socket
 
