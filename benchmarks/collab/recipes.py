@@ -45,6 +45,13 @@ def base_recipe(recipe: str) -> str:
     return recipe.removesuffix(CONTRIB)
 
 
+def twin_with_contrib(recipe: str) -> str | None:
+    """For ``<option>+contrib`` (a named option's recipe with the contributor), ``<twin>+contrib``: the same recipe
+    without the option, also with the contributor (:data:`TWINS`); None for any other recipe."""
+    base = base_recipe(recipe)
+    return TWINS[base] + CONTRIB if base != recipe and base in TWINS else None
+
+
 def label(recipe: str) -> str:
     """A recipe's name in the tables: its label, ``+ contributor`` for a cell with the rollout-only site."""
     base = base_recipe(recipe)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from collab.recipes import PAIRWISE_BASES, SET_TITLES, TWINS, base_recipe, eval_sets_of, label
+from collab.recipes import PAIRWISE_BASES, SET_TITLES, TWINS, base_recipe, eval_sets_of, label, twin_with_contrib
 from collab.scoring import OUTCOMES
 from collab.summary import mechanism
 
@@ -145,6 +145,7 @@ def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
     for r, rec in rows:
         lines.append(f"| {label(r)} − {label(base_recipe(r))} | " + " | ".join(
             _ci(rec["agents"][a][e].get("vs_without_contrib")) for a in agents for e in sets) + " |")
+    lines += _option_with_contrib_markdown(summary, rows, agents, sets)
     lines += ["", "The contributor per cell: steps its batch was pooled, its coordinator-verified accuracy (mean over "
               "pooled steps), generation seconds per step; per learner, of the contributor's pooled rows (summed over "
               "steps and seeds): the share that entered the learner's update and the share that reached its gradient "
@@ -162,6 +163,39 @@ def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
                      f"{'–' if acc is None else f'{100 * acc:.1f} %'} | {'–' if gen is None else f'{gen:.0f}'} | "
                      + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def _option_with_contrib_markdown(summary: dict, rows: list, agents: list[str], sets: tuple[str, ...]) -> list[str]:
+    """A named option with the contributor against its twin with the contributor (both sides had the same site):
+    Δ per evaluation set with its MDE, and per task (task suites). Empty where no such pair of recipes ran."""
+    opts = [(r, rec) for r, rec in rows if twin_with_contrib(r) in summary["recipes"]]
+    if not opts:
+        return []
+
+    def cell(x: dict, key: str) -> str:
+        m = x.get("mde_" + key) or {}
+        return _ci(x.get(key)) + (f", MDE {100 * m['mde']:.1f}" if m.get("mde") is not None else "")
+
+    lines = ["", "A named option, both sides with the contributor: Δ = recipe + contributor − the recipe without the "
+             "option + contributor, points, mean [95 % interval] paired by seed and problem, and the minimum detectable "
+             "effect at the seeds and problems run (80 % power; none below 2 seeds).", "",
+             "| option + contributor − without it + contributor | "
+             + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets) + " |",
+             "|---|" + "---|" * (len(sets) * len(agents))]
+    for r, rec in opts:
+        lines.append(f"| {label(r)} − {label(twin_with_contrib(r))} | " + " | ".join(
+            cell(rec["agents"][a][e], "vs_twin_with_contrib") for a in agents for e in sets) + " |")
+    tasks = sorted({t for _, rec in opts for a in agents for t in rec["agents"][a].get("tasks", {})})
+    if tasks:
+        lines += ["", "The same per task:", "",
+                  "| option + contributor − without it + contributor | "
+                  + " | ".join(f"{a}: {t}" for a in agents for t in tasks) + " |",
+                  "|---|" + "---|" * (len(tasks) * len(agents))]
+        for r, rec in opts:
+            lines.append(f"| {label(r)} − {label(twin_with_contrib(r))} | " + " | ".join(
+                _ci((rec["agents"][a].get("tasks", {}).get(t) or {}).get("vs_twin_with_contrib"))
+                for a in agents for t in tasks) + " |")
+    return lines
 
 
 def _noise_markdown(summary: dict, agents: list[str]) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 from collab.recipes import COLLABORATIVE, CONTRIB, CONTRIB_COUNTS, PAIRWISE_BASES, RECIPES, TWINS, base_recipe, \
+    twin_with_contrib, \
     eval_sets_of
 from collab.scoring import OUTCOMES, accuracy, gain_kinds, has_rewards, mean_reward, outcome_mix, reward_of
 from collab.stats import iqm_vs, paired_interval, paired_mde
@@ -178,7 +179,9 @@ def _agent(r: str, by: dict, before: dict, a: str, sets: tuple[str, ...], ids_of
 def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
     """Agent ``a``'s accuracy on evaluation set ``e`` under recipe ``r``: ``mean``, ``std``, ``n``, ``per_seed``;
     the paired differences against GSPO (``vs_gspo``, ``mde_vs_gspo``), against :data:`PAIRWISE_BASES` and the
-    recipe's twin (``vs``, ``mde_vs``: collaborative recipes; :mod:`collab.stats`), against the recipe without the contributor; the mean episode
+    recipe's twin (``vs``, ``mde_vs``: collaborative recipes; :mod:`collab.stats`), against the recipe without the contributor
+    (``vs_without_contrib``) and, for a named option with the contributor, against its twin with the contributor
+    (``vs_twin_with_contrib``, :func:`collab.recipes.twin_with_contrib`); the mean episode
     reward (``reward``, episodes) and the format / content gains (``gains``, task suites)."""
     xs = [accuracy(c["after"][a][e]) for c in by[r]]
     out: dict = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
@@ -193,6 +196,9 @@ def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
     if base_recipe(r) != r and base_recipe(r) in by:
         out["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
         out["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)
+    if twin_with_contrib(r) in by:       # the named option, both sides with the contributor
+        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin_with_contrib(r)], a, e)
+        out["mde_vs_twin_with_contrib"] = paired_mde(by[r], by[twin_with_contrib(r)], a, e)
     if all(has_rewards(c["after"][a][e]) for c in by[r]):
         xs = [mean_reward(c["after"][a][e]) for c in by[r]]
         out["reward"] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1
@@ -208,7 +214,8 @@ def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
 def _task(r: str, by: dict, a: str, sets: tuple[str, ...], only: set[str]) -> dict:
     """Agent ``a`` under recipe ``r`` on one task (its problem ids ``only``): the evaluation ``set`` holding it,
     ``mean`` / ``per_seed`` accuracy, the mean ``outcomes`` mix, and paired differences against GSPO, GSPO×2 and,
-    for a ``+contrib`` recipe, the recipe without the contributor (None where that recipe has no cells)."""
+    for a ``+contrib`` recipe, the recipe without the contributor (None where that recipe has no cells) and, for a
+    named option with the contributor, its twin with the contributor (``vs_twin_with_contrib``, where it has cells)."""
     e = next(e for e in sets if only & set(by[r][0]["after"][a][e]))
     xs = [accuracy(c["after"][a][e], only) for c in by[r]]
     mixes = [outcome_mix(c["after"][a][e], only) for c in by[r]]
@@ -221,4 +228,6 @@ def _task(r: str, by: dict, a: str, sets: tuple[str, ...], only: set[str]) -> di
     if base_recipe(r) != r:
         base = by.get(base_recipe(r))
         out["vs_without_contrib"] = paired_interval(by[r], base, a, e, only=only) if base else None
+    if twin_with_contrib(r) in by:
+        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin_with_contrib(r)], a, e, only=only)
     return out

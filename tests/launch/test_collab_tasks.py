@@ -146,6 +146,50 @@ def test_a_named_option_is_compared_with_the_same_recipe_without_it(tmp_path):
     assert "| HACPO cross-family, capability per task − HACPO cross-family |" in (out / "results.md").read_text()
 
 
+def test_a_named_option_with_the_contributor_is_compared_with_its_twin_with_the_contributor(tmp_path):
+    """``hacpo_cross_family_distill+contrib`` − ``hacpo_cross_family+contrib`` (the families pre-registration's
+    primary contrast): paired by seed and problem, per evaluation set and per task, in results.json and
+    results.md. The option's cells here are the committed ``+contrib`` cells with 6 held-out answers of smollm2 per
+    seed turned right, so the difference is known."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run_collab import paired_interval, summarize
+
+    out = tmp_path / "collab-tasks"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "collab-tasks", out)
+    base = sorted((json.loads(p.read_text()) for p in (out / "cells").glob("hacpo_cross_family+contrib-s*.json")),
+                  key=lambda c: c["seed"])
+    flipped = []
+    for cell in base:
+        cell = json.loads(json.dumps(cell))
+        cell["recipe"] = "hacpo_cross_family_distill+contrib"
+        held = cell["after"]["smollm2"]["held_out"]
+        wrong = [p for p in sorted(held) if held[p] != "correct"][:6]
+        for p in wrong:
+            held[p] = "correct"
+        flipped.append(len(wrong))
+        (out / "cells" / f"hacpo_cross_family_distill+contrib-s{cell['seed']}.json").write_text(json.dumps(cell))
+    summary = summarize(out)
+    cells = {r: sorted((json.loads(p.read_text()) for p in (out / "cells").glob(f"{r}-s*.json")),
+                       key=lambda c: c["seed"])
+             for r in ("hacpo_cross_family_distill+contrib", "hacpo_cross_family+contrib")}
+    rec = summary["recipes"]["hacpo_cross_family_distill+contrib"]["agents"]
+    got = rec["smollm2"]["held_out"]["vs_twin_with_contrib"]
+    assert got == paired_interval(cells["hacpo_cross_family_distill+contrib"], cells["hacpo_cross_family+contrib"],
+                                  "smollm2", "held_out")
+    m = len(base[0]["after"]["smollm2"]["held_out"])
+    assert abs(got[0] - sum(flipped) / len(flipped) / m) < 1e-12 and got[1] is not None   # two seeds: an interval
+    assert rec["gemma3"]["held_out"]["vs_twin_with_contrib"][0] == 0.0                     # gemma3 unchanged
+    assert rec["smollm2"]["held_out"]["mde_vs_twin_with_contrib"]["seeds"] == 2
+    per_task = [t["vs_twin_with_contrib"][0] for t in rec["smollm2"]["tasks"].values() if t["set"] == "held_out"]
+    assert all(d >= 0 for d in per_task) and max(per_task) > 0
+    assert "vs_twin_with_contrib" not in summary["recipes"]["hacpo_cross_family+contrib"]["agents"]["smollm2"]["held_out"]
+    md = (out / "results.md").read_text()
+    row = ("| HACPO cross-family + peer distillation + contributor − HACPO cross-family + contributor | ")
+    assert md.count(row) == 2 and "MDE" in md.split(row)[1].splitlines()[0]   # per set (with MDE) and per task
+
+
 def test_own_gradient_counts_rows_and_updates_that_carried_a_gradient():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from run_collab import own_gradient
