@@ -99,10 +99,11 @@ def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
     """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
     the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described).
     A run that adds contributor cells to a directory keeps the directory's ``"command"`` (the one its cells
-    without a contributor came from); its own command is the contributor record's."""
+    without a contributor came from) and the ``"seeds"`` that command asked for; its own command is the contributor
+    record's."""
     old = json.loads(path.read_text()) if path.exists() else {}
     site = contributor or old.get("contributor")
-    command = {"command": old["command"]} if contributor and old.get("command") else {}
+    command = {k: old[k] for k in ("command", "seeds") if k in old} if contributor and old.get("command") else {}
     return meta | command | ({"contributor": site} if site else {})
 
 

@@ -136,3 +136,20 @@ def test_contributor_rows_counts_the_rows_with_a_gradient_and_the_share():
     s = run_collab.contributor_summary(cells, "a")
     assert s["delivered"] == 32 and s["grad_rows"] == 12 and s["share"] == 12 / 32
     assert s["share_per_step"] == [0.25, 0.5] and s["in_update_share"] == 1.0
+
+
+def test_a_contributor_run_keeps_the_directory_command_and_its_seeds(tmp_path):
+    """meta.json describes the directory's command (the cells without a contributor); a later ``--contributor`` run
+    with fewer seeds keeps that command's seed count (so the summary still says which of its seeds the cells hold)
+    and records its own command with the contributor."""
+    from collab.results import merge_meta
+
+    path = tmp_path / "meta.json"
+    path.write_text(json.dumps({"command": "run_collab.py --seeds 2", "seeds": 2, "steps": 20}))
+    site = {"name": "strong", "command": "run_collab.py --seeds 1 --contributor strong:0.9"}
+    got = merge_meta(path, {"command": "run_collab.py --seeds 1 --contributor strong:0.9", "seeds": 1, "steps": 20},
+                     site)
+    assert got["command"] == "run_collab.py --seeds 2" and got["seeds"] == 2 and got["contributor"] == site
+    path.write_text(json.dumps(got))
+    plain = merge_meta(path, {"command": "run_collab.py --seeds 3", "seeds": 3, "steps": 20}, None)
+    assert plain["command"] == "run_collab.py --seeds 3" and plain["seeds"] == 3 and plain["contributor"] == site
