@@ -143,21 +143,27 @@ def _contrib_markdown(summary: dict, agents: list[str]) -> list[str]:
               + " | ".join(f"{a} {SET_TITLES[e][1]}" for a in agents for e in sets) + " |",
               "|---|" + "---|" * (len(sets) * len(agents))]
     for r, rec in rows:
+        if base_recipe(r) not in summary["recipes"]:       # nothing to pair with: the option's table below, if any
+            continue
         lines.append(f"| {label(r)} − {label(base_recipe(r))} | " + " | ".join(
             _ci(rec["agents"][a][e].get("vs_without_contrib")) for a in agents for e in sets) + " |")
     lines += _option_with_contrib_markdown(summary, rows, agents, sets)
     lines += ["", "The contributor per cell: steps its batch was pooled, its coordinator-verified accuracy (mean over "
               "pooled steps), generation seconds per step; per learner, of the contributor's pooled rows (summed over "
               "steps and seeds): the share that entered the learner's update and the share that reached its gradient "
-              "(`contributor_rows()` in this script says what counts).", "",
+              "(`contributor_rows()` in this script says what counts), and the rows the learner's screens dropped or cut "
+              "and those its peer distillation term took (a quarantined source's rows are neither: they never enter "
+              "the update).", "",
               "| recipe | pooled steps | contributor accuracy | s / step | "
-              + " | ".join(f"{a}: in update / reached gradient (rows with a gradient of rows pooled)" for a in agents)
+              + " | ".join(f"{a}: in update / reached gradient (rows with a gradient of rows pooled); screened out, distilled"
+                         for a in agents)
               + " |",
               "|---|---|---|---|" + "---|" * len(agents)]
     for r, rec in rows:
         c = rec["contributor"]
         acc, gen = c["accuracy_mean"], c["generate_s_per_step"]
-        cells = [f"{_pct(x['in_update_share'])} / {_pct(x['share'])} ({x['grad_rows']:.0f} of {x['delivered']:.0f})"
+        cells = [f"{_pct(x['in_update_share'])} / {_pct(x['share'])} ({x['grad_rows']:.0f} of {x['delivered']:.0f}); "
+                 f"screened out {x.get('screened_out', 0):.0f}, distilled {x.get('distill_rows', 0):.0f}"
                  for x in (rec["agents"][a]["contributor"] for a in agents)]
         lines.append(f"| {label(r)} | {c['accepted_steps']} / {c['steps']} | "
                      f"{'–' if acc is None else f'{100 * acc:.1f} %'} | {'–' if gen is None else f'{gen:.0f}'} | "
