@@ -20,6 +20,9 @@ Cell specs: a plain string is written as is; otherwise a tuple ``(kind, …)``:
 * ``("mde", recipe, base, agent, set)`` — the minimum detectable effect at the seeds and problems run;
 * ``("contrib_grad", agent)`` — of the rollout-only contributor's pooled rows (``hacpo_cross_family+contrib``),
   the share that reached ``agent``'s gradient, ``33 % (211 of 640)``;
+* ``("contrib_rows", recipe, agent)`` — of the contributor's pooled rows under a ``+contrib`` recipe, those in
+  ``agent``'s update, those that reached its gradient and those its peer distillation term took, ``80 / 21 / 0 of
+  320``;
 * ``("async", site, what)`` — from an ``async_vs_sync.py`` directory's ``results.json`` (seed 0), ``what`` one of
   ``rate_sync``, ``rate_async`` (updates per hour), ``at_steps`` (held-out after N own updates, sync → async),
   ``at_time`` (at the sync run's wall time T, sync → async, with async's own updates by then), ``dropped``.
@@ -116,6 +119,28 @@ TABLES: dict[str, dict] = {
                   ("contrib_grad", a) if e == "held_out" else ""]
                  for a, name in ((_G, "Gemma-3-270M"), (_S, "SmolLM2-135M"))
                  for e, title in (("held_out", "trained tasks, held-out items"), ("families", "held-out families"))]},
+    "families-strong-contributor": {
+        "dir": "benchmarks/results/collab-tasks-families-trained",
+        "header": ["recipe (64 held-out items of the two far families)", "Gemma-3-270M", "SmolLM2-135M"],
+        "rows": [["before training", ("before", _G, "held_out"), ("before", _S, "held_out")],
+                 *[[f"{name}, mean (per seed)", ("acc_seeds", r, _G, "held_out"), ("acc_seeds", r, _S, "held_out")]
+                   for r, name in (("gspo", "isolated GSPO"), ("hacpo_cross_family", "HACPO cross-family"),
+                                   ("hacpo_cross_family+contrib", "HACPO cross-family + strong contributor"),
+                                   ("hacpo_cross_family_distill+contrib",
+                                    "HACPO cross-family + peer distillation + strong contributor"))],
+                 ["**primary**: + peer distillation, both with the contributor",
+                  *[("diff", "hacpo_cross_family_distill+contrib", "hacpo_cross_family+contrib", a, "held_out")
+                    for a in (_G, _S)]],
+                 ["the contributor, without distillation: HACPO cross-family + contributor − HACPO cross-family",
+                  *[("diff", "hacpo_cross_family+contrib", "hacpo_cross_family", a, "held_out") for a in (_G, _S)]],
+                 ["HACPO cross-family + contributor − isolated GSPO",
+                  *[("diff", "hacpo_cross_family+contrib", "gspo", a, "held_out") for a in (_G, _S)]],
+                 ["HACPO cross-family + peer distillation + contributor − isolated GSPO",
+                  *[("diff", "hacpo_cross_family_distill+contrib", "gspo", a, "held_out") for a in (_G, _S)]],
+                 *[[f"the contributor's rows, {name}: in the update / reached the gradient / distilled, of pooled",
+                    ("contrib_rows", r, _G), ("contrib_rows", r, _S)]
+                   for r, name in (("hacpo_cross_family+contrib", "without distillation"),
+                                   ("hacpo_cross_family_distill+contrib", "with distillation"))]]},
     "collab-episodes": {
         "dir": "benchmarks/results/collab-episodes",
         "header": ["recipe", "Gemma-3-270M", "SmolLM2-135M"],
@@ -211,6 +236,10 @@ def cell(spec, before: dict, cells: dict[str, list[dict]]) -> str:
         (a,) = args
         got = contributor_summary(cells["hacpo_cross_family+contrib"], a)
         return f"{100 * got['share']:.0f} % ({got['grad_rows']:.0f} of {got['delivered']:.0f})"
+    if kind == "contrib_rows":
+        r, a = args
+        got = contributor_summary(cells[r], a)
+        return f"{got['rows']:.0f} / {got['grad_rows']:.0f} / {got['distill_rows']:.0f} of {got['delivered']:.0f}"
     if kind == "mde":
         r, b, a, e = args
         m = paired_mde(cells[r], cells[b], a, e)["mde"]
