@@ -76,6 +76,20 @@ def _auto_engine(engine: str, device: str) -> str | None:
     return f"engine: {chosen} (auto: {why}; --engine hf for Hugging Face generate)"
 
 
+def _check_model(name_or_path: str, gguf_file: str | None = None, *, label: str = "") -> None:
+    """Exit with one line (``label`` before it) when a model name cannot be resolved, without loading or
+    downloading anything (:func:`hacrl_fed.worker.models.check_model_name`): code 2 for an unknown name, 1 for an
+    alias whose package is missing (the line gives the pip command)."""
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError, check_model_name
+
+    try:
+        check_model_name(name_or_path, gguf_file)
+    except ModelNotFoundError as err:
+        fail(label + _one_line(err))
+    except ModelLoadError as err:
+        fail(label + _one_line(err), code=1)
+
+
 def _check_engine(engine: str, *, runs_here: bool = True) -> None:
     """Exit 2 with one line for an unknown engine, or — when the worker runs in this environment — for vllm where
     it is not importable (:func:`hacrl_fed.worker.engines.require_engine`)."""
@@ -283,14 +297,7 @@ def eval_cmd(
         check_data_head(data, answer_style=answer_style)
     except DataError as err:
         fail(_one_line(err))
-    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError, check_model_name
-
-    try:                                         # an unknown --model fails before anything is announced or loaded
-        check_model_name(model_cfg.name_or_path, model_cfg.gguf_file)
-    except ModelNotFoundError as err:
-        fail(_one_line(err))
-    except ModelLoadError as err:                # an alias whose package is missing: the pip command
-        fail(_one_line(err), code=1)
+    _check_model(model_cfg.name_or_path, model_cfg.gguf_file)   # before anything is announced or loaded
     if saved is not None:
         typer.echo(announce, err=True)
     if engine_line:
@@ -298,6 +305,7 @@ def eval_cmd(
     _cli_logging()                               # progress on stderr: model load, an engine's conversion
     from hacrl_fed.rollout.engine import Sampling
     from hacrl_fed.worker.eval_model import run_eval
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     try:
         sampling = Sampling(temperature=(0.0 if samples == 1 else 1.0) if temperature is None else temperature,
@@ -547,19 +555,13 @@ def route_eval_cmd(
         fail(_one_line(err))
     if limit is not None:
         problems = problems[:limit]
-    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError, check_model_name
-
-    try:                                         # an unknown local model fails before anything is announced
-        for spec in specs:
-            if not spec.is_endpoint:
-                check_model_name(spec.target)
-    except ModelNotFoundError as err:
-        fail(f"--model {spec.name}: {_one_line(err)}")
-    except ModelLoadError as err:
-        fail(f"--model {spec.name}: {_one_line(err)}", code=1)
+    for spec in specs:                           # an unknown local model fails before anything is announced
+        if not spec.is_endpoint:
+            _check_model(spec.target, label=f"--model {spec.name}: ")
     _cli_logging()
     if engine_line and not all(s.is_endpoint for s in specs):    # endpoints are not affected
         typer.echo(engine_line, err=True)
+    from hacrl_fed.worker.models import ModelLoadError, ModelNotFoundError
 
     shown: dict[str, int] = {}
 
