@@ -7,8 +7,7 @@ from __future__ import annotations
 import statistics
 
 from collab.recipes import COLLABORATIVE, CONTRIB, CONTRIB_COUNTS, PAIRWISE_BASES, RECIPES, TWINS, base_recipe, \
-    twin_with_contrib, \
-    eval_sets_of
+    eval_sets_of, twin_with_contrib
 from collab.scoring import OUTCOMES, accuracy, gain_kinds, has_rewards, mean_reward, outcome_mix, reward_of
 from collab.stats import iqm_vs, paired_interval, paired_mde
 
@@ -196,9 +195,10 @@ def _eval_set(r: str, by: dict, before: dict, a: str, e: str) -> dict:
     if base_recipe(r) != r and base_recipe(r) in by:
         out["vs_without_contrib"] = paired_interval(by[r], by[base_recipe(r)], a, e)
         out["mde_vs_without_contrib"] = paired_mde(by[r], by[base_recipe(r)], a, e)
-    if twin_with_contrib(r) in by:       # the named option, both sides with the contributor
-        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin_with_contrib(r)], a, e)
-        out["mde_vs_twin_with_contrib"] = paired_mde(by[r], by[twin_with_contrib(r)], a, e)
+    twin = twin_with_contrib(r)
+    if twin in by:                       # the named option, both sides with the contributor
+        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin], a, e)
+        out["mde_vs_twin_with_contrib"] = paired_mde(by[r], by[twin], a, e)
     if all(has_rewards(c["after"][a][e]) for c in by[r]):
         xs = [mean_reward(c["after"][a][e]) for c in by[r]]
         out["reward"] = {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1
@@ -228,6 +228,7 @@ def _task(r: str, by: dict, a: str, sets: tuple[str, ...], only: set[str]) -> di
     if base_recipe(r) != r:
         base = by.get(base_recipe(r))
         out["vs_without_contrib"] = paired_interval(by[r], base, a, e, only=only) if base else None
-    if twin_with_contrib(r) in by:
-        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin_with_contrib(r)], a, e, only=only)
+    twin = twin_with_contrib(r)
+    if twin in by:
+        out["vs_twin_with_contrib"] = paired_interval(by[r], by[twin], a, e, only=only)
     return out

@@ -39,8 +39,8 @@ from typing import IO
 
 import psutil
 
-__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "die_with_parent", "find_executable", "free_port", "port_problem", "strip_ansi",
-           "wait_for_tcp"]
+__all__ = ["ManagedProcess", "Shutdown", "Supervisor", "die_with_parent", "find_executable", "free_port",
+           "port_problem", "strip_ansi", "wait_for_tcp"]
 
 log = logging.getLogger("hacrl_fed.supervise")
 
