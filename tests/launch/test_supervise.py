@@ -84,6 +84,19 @@ def test_signals_become_shutdown_and_handlers_are_restored(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def _kill_and_expect_child_gone(script: str, parent: str) -> None:
+    """Run ``script`` (it prints its child's pid), SIGKILL it, and wait up to 10 s for that child to be gone."""
+    outer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(outer.stdout.readline())
+    assert psutil.pid_exists(child)
+    outer.kill()
+    outer.wait()
+    end = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < end, f"child outlived its SIGKILLed {parent}"
+        time.sleep(0.1)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_children_die_with_a_killed_supervisor(tmp_path):
     script = textwrap.dedent(f"""
@@ -94,15 +107,7 @@ def test_children_die_with_a_killed_supervisor(tmp_path):
         print(p.pid, flush=True)
         time.sleep(600)
     """)
-    outer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(outer.stdout.readline())
-    assert psutil.pid_exists(child)
-    outer.kill()
-    outer.wait()
-    end = time.monotonic() + 10
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < end, "child outlived its SIGKILLed supervisor"
-        time.sleep(0.1)
+    _kill_and_expect_child_gone(script, "supervisor")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
@@ -116,15 +121,7 @@ def test_a_plain_subprocess_with_die_with_parent_dies_with_its_killed_parent():
         print(child.pid, flush=True)
         child.wait()
     """)
-    outer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(outer.stdout.readline())
-    assert psutil.pid_exists(child)
-    outer.kill()
-    outer.wait()
-    end = time.monotonic() + 10
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < end, "child outlived its SIGKILLed parent"
-        time.sleep(0.1)
+    _kill_and_expect_child_gone(script, "parent")
 
 
 def test_wait_for_tcp_and_free_port():
