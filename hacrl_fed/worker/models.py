@@ -178,17 +178,32 @@ def _hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or flag in ("1", "true", "yes", "on")
 
 
+HUB_PROBE_MEMO_S = 60.0
+"""How long one process reuses a hub probe's answer: ``check_model_name`` and the load that follows it (and the
+sites of one ``simulate``) probe once, not once each."""
+_hub_probes: dict[str, tuple[float, str | None]] = {}
+
+
 def _hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
     """One HEAD request to the hub endpoint (proxies honoured, no retries): None if anything answered,
-    else the reason. Any HTTP status counts as reachable."""
+    else the reason. Any HTTP status counts as reachable. The answer is reused for :data:`HUB_PROBE_MEMO_S`
+    seconds per endpoint in this process."""
+    import time
+
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
+    endpoint = constants.ENDPOINT
+    seen = _hub_probes.get(endpoint)
+    if seen is not None and time.monotonic() - seen[0] < HUB_PROBE_MEMO_S:
+        return seen[1]
     try:
-        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+        get_session().head(endpoint, timeout=timeout_s)
+        why = None
     except Exception as err:  # noqa: BLE001 - the hub's HTTP client (httpx or a fork): any failure = unreachable
-        return f"{constants.ENDPOINT} is unreachable ({' '.join(str(err).split()) or type(err).__name__})"
-    return None
+        why = f"{endpoint} is unreachable ({' '.join(str(err).split()) or type(err).__name__})"
+    _hub_probes[endpoint] = (time.monotonic(), why)
+    return why
 
 
 def _cached_snapshot(repo_id: str) -> str | None:

@@ -65,3 +65,31 @@ def test_aliases_and_existing_paths_pass_the_check(tmp_path, monkeypatch):
     check_model_name(str(tmp_path))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     check_model_name(str(tmp_path / "m.gguf"))
+
+
+def test_one_process_probes_the_hub_once_for_a_check_and_the_load(monkeypatch, tmp_path):
+    """``eval`` checks the name, then loads: with the hub unreachable and the model not cached, both fail from one
+    probe; after HUB_PROBE_MEMO_S the hub is asked again."""
+    from huggingface_hub import utils as hub_utils
+
+    heads = []
+
+    class Refusing:
+        def head(self, url, timeout):
+            heads.append(url)
+            raise ConnectionError("refused")
+
+    monkeypatch.setattr(hub_utils, "get_session", lambda: Refusing())
+    monkeypatch.setattr(constants, "ENDPOINT", "http://hub.invalid")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(models, "_hub_probes", {})
+    with pytest.raises(ModelNotFoundError, match="unreachable"):
+        check_model_name("some-org/some-model")
+    with pytest.raises(ModelNotFoundError, match="unreachable"):
+        resolve_model_source("some-org/some-model")
+    assert heads == ["http://hub.invalid"]
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + models.HUB_PROBE_MEMO_S + 1)
+    with pytest.raises(ModelNotFoundError):
+        resolve_model_source("some-org/some-model")
+    assert len(heads) == 2
