@@ -151,8 +151,10 @@ class Federation:
               per_agent: dict[str, dict[str, Any]] | None = None, train_embeddings: bool | None = None) -> None:
         """Initial weights, a fresh optimizer and step 0 for every agent; ``algo``/``optim`` override fields
         for every agent (``per_agent[name] = {"algo": {...}, "optim": {...}}`` for one agent);
-        ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only). A rollout-only agent has
-        no weights: only its run binding is cleared (so the next cell's run id is accepted)."""
+        ``train_embeddings`` overrides ``model.train_embeddings`` (full fine-tuning only). Every learner's screens
+        start over (:meth:`_fresh_guard`): a cell never inherits the windows, key ledger or source standings of the
+        cell before it. A rollout-only agent has no weights: only its run binding is cleared (so the next cell's run
+        id is accepted)."""
         from hacrl_fed.algo.config import AlgoConfig
         from hacrl_fed.update.loop import make_optimizer
         from hacrl_fed.config import OptimConfig
@@ -178,7 +180,19 @@ class Federation:
             torch.manual_seed(optim_cfg.seed)
             t.optimizer = make_optimizer(w.model, optim_cfg)
             t.pending, t.step, t.run_id, t.capability = None, 0, "", b""
+            t.guard = self._fresh_guard(name)
             w._fingerprint = None
+
+    def _fresh_guard(self, name: str):
+        """A new :class:`hacrl_fed.screens.SiteGuard` for learner ``name``, built as its worker builds one (its
+        ``agent.screens``, its verifier, ``verifier.truncated_reward``): the screens' state is per run, and a
+        site process runs one run, where this federation runs one per cell."""
+        from hacrl_fed.screens import SiteGuard
+
+        w, base = self.workers[name], self.agent_cfgs[name]
+        old = w.trainer.guard
+        return SiteGuard(name, base.screens, old.verify if old is not None else w.verifier.verify,
+                         truncated_reward=base.verifier.truncated_reward)
 
     # ------------------------------------------------------------------ the loop
 
