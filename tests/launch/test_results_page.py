@@ -57,3 +57,16 @@ def test_differences_are_t_intervals_on_the_seeds_and_bold_only_when_they_exclud
     text = page.cell(("diff", "hacpo_cross_family", "gspo_x2", "gemma3", "held_out"), before, cells)
     assert text.startswith("+10.2 [−") and "**" not in text
     assert page.cell(("mde", "hacpo_cross_family", "gspo_x2", "gemma3", "held_out"), before, cells) == "49.0"
+
+
+def test_a_recipe_without_cells_renders_as_not_run_and_the_others_still_render():
+    before, cells = page.load(ROOT / "benchmarks" / "results" / "collab-tasks")
+    partial = {r: cs for r, cs in cells.items() if r != "gspo_x2"}
+    for spec in (("acc", "gspo_x2", "gemma3", "held_out"), ("seeds", "gspo_x2", "gemma3", "held_out"),
+                 ("diff", "hacpo_cross_family", "gspo_x2", "gemma3", "held_out"),
+                 ("mde", "gspo_x2", "gspo", "gemma3", "held_out"),
+                 ("contrib_rows", "gspo_x2+contrib", "gemma3")):
+        assert page.cell(spec, before, partial) == page.NOT_RUN
+    assert page.cell(("diff", "hacpo_cross_family", "gspo", "gemma3", "held_out"), before, partial) \
+        == page.cell(("diff", "hacpo_cross_family", "gspo", "gemma3", "held_out"), before, cells) != page.NOT_RUN
+    assert page.cell(("before", "gemma3", "held_out"), before, {}) != page.NOT_RUN
