@@ -16,12 +16,13 @@ from collab.scoring import accuracy
 
 
 def _step_summary(agent: str, step, contributors=()) -> dict:
-    """One learner's step in a cell; ``peers``: the other learners' per-source metrics (a rollout-only site in
-    ``contributors`` is recorded apart, :func:`contributor_rows`)."""
+    """One learner's step in a cell; ``peers``: the other learners' per-source metrics, ``screened_out`` the rows the
+    learner's screens dropped or cut (a rollout-only site in ``contributors`` is recorded apart,
+    :func:`contributor_rows`)."""
     rep = step.reports.get(agent, {"metrics": {}, "per_source": {}})
     peers = {src: {k: m.get(k) for k in ("rows", "grad_frac", "s_mean", "s_min", "s_max", "clip_low", "clip_high",
                                           "pos_adv_rows", "pos_adv_grad_rows", "dropped_truncated",
-                                          "distill_rows")}
+                                          "distill_rows", "screened_out")}
              for src, m in rep["per_source"].items() if src != agent and src not in contributors}
     own = rep["per_source"].get(agent, {})
     gen = step.generate_metrics.get(agent, {})

@@ -99,3 +99,12 @@ def test_a_step_summary_keeps_the_workers_episode_metrics_and_only_on_episodes()
     assert (s["turns_mean"], s["done_frac"], s["own_grad_frac"]) == (3.5, 0.75, 0.5)
     one_shot = StepResult(1, {"a": 0.4}, {"a": report}, {"a": 3.0}, {"a": 2.0}, generate_metrics={"a": {}})
     assert "turns_mean" not in _step_summary("a", one_shot)
+
+
+def test_a_step_summary_keeps_what_the_screens_did_to_each_peer():
+    report = {"metrics": {"updates": 1.0}, "per_source": {"a": {"grad_frac": 0.5},
+                                                           "b": {"rows": 16.0, "screened_out": 3.0},
+                                                           "api": {"rows": 4.0, "screened_out": 12.0}}}
+    step = StepResult(1, {"a": 0.4}, {"a": report}, {"a": 3.0}, {"a": 2.0}, generate_metrics={"a": {}})
+    s = _step_summary("a", step, contributors=("api",))
+    assert list(s["peers"]) == ["b"] and (s["peers"]["b"]["rows"], s["peers"]["b"]["screened_out"]) == (16.0, 3.0)
