@@ -11,6 +11,8 @@ Cell specs: a plain string is written as is; otherwise a tuple ``(kind, …)``:
 * ``("acc", recipe, agent, set)`` — mean ± std over seeds (``33.6`` with one seed);
 * ``("acc_seeds", recipe, agent, set)`` — mean and per seed, ``33.6 (32.0, 35.2)``;
 * ``("before", agent, set)`` — accuracy before training;
+* ``("before_task", agent, set, task)`` — accuracy before training on one task's items (problem ids
+  ``<task>-<i>``, as the task suites name them);
 * ``("won_reward", recipe, agent, set)`` — per seed ``won % / mean reward ×100``, seeds joined by `` · ``
   (``recipe`` ``"before"`` for the shared evaluation before training);
 * ``("diff", recipe, base, agent, set[, "reward"])`` — mean difference a − b, points, with its 95 % t interval on
@@ -46,6 +48,7 @@ BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end 
 
 _G, _S = "gemma3", "smollm2"
 _TEN = [(_G, "held_out"), (_G, "words"), (_S, "held_out"), (_S, "words")]
+_SPECIALIST_TASKS = ("chain_sum", "basic_arithmetic", "products", "decimal_chain_sum")
 _SAME = [("smollm2", "held_out"), ("smollm2", "words"), ("smollm2-trained", "held_out"),
          ("smollm2-trained", "words")]
 
@@ -141,6 +144,12 @@ TABLES: dict[str, dict] = {
                     ("contrib_rows", r, _G), ("contrib_rows", r, _S)]
                    for r, name in (("hacpo_cross_family+contrib", "without distillation"),
                                    ("hacpo_cross_family_distill+contrib", "with distillation"))]]},
+    "specialists-before": {
+        "dir": "benchmarks/results/collab-specialists",
+        "header": ["site (its own tasks)", *_SPECIALIST_TASKS],
+        "rows": [[f"`{site}` ({own})", *[("before_task", site, "held_out", t) for t in _SPECIALIST_TASKS]]
+                 for site, own in (("smollm2_a", "chain_sum, basic_arithmetic"),
+                                   ("smollm2_b", "products, decimal_chain_sum"))]},
     "collab-episodes": {
         "dir": "benchmarks/results/collab-episodes",
         "header": ["recipe", "Gemma-3-270M", "SmolLM2-135M"],
@@ -228,6 +237,10 @@ def cell(spec, before: dict, cells: dict[str, list[dict]]) -> str:
     if kind == "before":
         a, e = args
         return _num(accuracy(before["agents"][a][e]))
+    if kind == "before_task":
+        a, e, task = args
+        outcomes = before["agents"][a][e]
+        return _num(accuracy(outcomes, {p for p in outcomes if p.rpartition("-")[0] == task}))
     if kind in ("seeds", "acc", "acc_seeds"):
         r, a, e = args
         xs = [accuracy(c["after"][a][e]) for c in cells[r]]
@@ -270,7 +283,7 @@ def render_table(name: str, root: Path = ROOT) -> str:
     """The Markdown of table ``name`` of :data:`TABLES`, recomputed from its cells."""
     spec = TABLES[name]
     directory = root / spec["dir"]
-    if (directory / "cells").is_dir() and (directory / "before.json").exists():
+    if (directory / "before.json").exists():   # a collaboration directory (its cells/ may not exist yet)
         before, cells = load(directory)
     else:   # async_vs_sync.py: its summary code's results.json, rebuilt from its cells
         before, cells = json.loads((directory / "results.json").read_text()), {}

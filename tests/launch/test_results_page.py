@@ -70,3 +70,11 @@ def test_a_recipe_without_cells_renders_as_not_run_and_the_others_still_render()
     assert page.cell(("diff", "hacpo_cross_family", "gspo", "gemma3", "held_out"), before, partial) \
         == page.cell(("diff", "hacpo_cross_family", "gspo", "gemma3", "held_out"), before, cells) != page.NOT_RUN
     assert page.cell(("before", "gemma3", "held_out"), before, {}) != page.NOT_RUN
+
+
+def test_before_task_is_the_accuracy_on_one_tasks_items():
+    before = {"agents": {"a": {"held_out": {"chain_sum-0": "correct", "chain_sum-1": "wrong_answer",
+                                            "decimal_chain_sum-0": "correct", "decimal_chain_sum-1": "correct",
+                                            "decimal_chain_sum-2": "truncated", "decimal_chain_sum-3": "correct"}}}}
+    assert page.cell(("before_task", "a", "held_out", "chain_sum"), before, {}) == "50.0"
+    assert page.cell(("before_task", "a", "held_out", "decimal_chain_sum"), before, {}) == "75.0"
