@@ -11,8 +11,8 @@ Cell specs: a plain string is written as is; otherwise a tuple ``(kind, …)``:
 * ``("acc", recipe, agent, set)`` — mean ± std over seeds (``33.6`` with one seed);
 * ``("acc_seeds", recipe, agent, set)`` — mean and per seed, ``33.6 (32.0, 35.2)``;
 * ``("before", agent, set)`` — accuracy before training;
-* ``("before_task", agent, set, task)`` — accuracy before training on one task's items (problem ids
-  ``<task>-<i>``, as the task suites name them);
+* ``("before_task", agent, set, task)`` — accuracy before training on one task's items (``meta.json``'s
+  ``tasks`` map, :func:`load`);
 * ``("won_reward", recipe, agent, set)`` — per seed ``won % / mean reward ×100``, seeds joined by `` · ``
   (``recipe`` ``"before"`` for the shared evaluation before training);
 * ``("diff", recipe, base, agent, set[, "reward"])`` — mean difference a − b, points, with its 95 % t interval on
@@ -184,8 +184,11 @@ def _num(x: float, signed: bool = False) -> str:
 
 
 def load(directory: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """``before.json`` and the cells of a results directory, recipe → cells sorted by seed."""
+    """``before.json`` and the cells of a results directory, recipe → cells sorted by seed; ``before["tasks"]`` is
+    ``meta.json``'s problem id → task map (as the summary reads it; empty without one)."""
     before = json.loads((directory / "before.json").read_text())
+    meta = directory / "meta.json"
+    before["tasks"] = (json.loads(meta.read_text()).get("tasks") or {}) if meta.is_file() else {}
     cells: dict[str, list[dict]] = {}
     for f in sorted((directory / "cells").glob("*.json")):
         c = json.loads(f.read_text())
@@ -239,8 +242,7 @@ def cell(spec, before: dict, cells: dict[str, list[dict]]) -> str:
         return _num(accuracy(before["agents"][a][e]))
     if kind == "before_task":
         a, e, task = args
-        outcomes = before["agents"][a][e]
-        return _num(accuracy(outcomes, {p for p in outcomes if p.rpartition("-")[0] == task}))
+        return _num(accuracy(before["agents"][a][e], {p for p, t in before["tasks"].items() if t == task}))
     if kind in ("seeds", "acc", "acc_seeds"):
         r, a, e = args
         xs = [accuracy(c["after"][a][e]) for c in cells[r]]

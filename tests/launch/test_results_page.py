@@ -75,6 +75,9 @@ def test_a_recipe_without_cells_renders_as_not_run_and_the_others_still_render()
 def test_before_task_is_the_accuracy_on_one_tasks_items():
     before = {"agents": {"a": {"held_out": {"chain_sum-0": "correct", "chain_sum-1": "wrong_answer",
                                             "decimal_chain_sum-0": "correct", "decimal_chain_sum-1": "correct",
-                                            "decimal_chain_sum-2": "truncated", "decimal_chain_sum-3": "correct"}}}}
+                                            "decimal_chain_sum-2": "truncated", "decimal_chain_sum-3": "correct"}}},
+              "tasks": {"chain_sum-0": "chain_sum", "chain_sum-1": "chain_sum", "decimal_chain_sum-0": "decimal_chain_sum",
+                        "decimal_chain_sum-1": "decimal_chain_sum", "decimal_chain_sum-2": "decimal_chain_sum",
+                        "decimal_chain_sum-3": "decimal_chain_sum"}}
     assert page.cell(("before_task", "a", "held_out", "chain_sum"), before, {}) == "50.0"
     assert page.cell(("before_task", "a", "held_out", "decimal_chain_sum"), before, {}) == "75.0"
