@@ -6,12 +6,14 @@ broadcasts (update, gather, save, load, load_full) until ``stop``. Settings come
 rendezvous: ``HACRL_DIST_ADDR``, ``HACRL_DIST_PORT``, ``HACRL_DIST_WORLD``, ``HACRL_DIST_TIMEOUT_S``,
 ``HACRL_DIST_DEVICE`` and ``HACRL_DIST_RANK`` (or ``HACRL_DIST_FIRST_RANK`` + torchrun's ``LOCAL_RANK``).
 
-Any failure ends the process with a one-line cause on stderr and exit code 1; rank 0 then restarts the group. A rank
+Any failure ends the process with a one-line cause on stderr and exit code 1 (a native crash: the Python stack of every
+thread, from :mod:`faulthandler`); rank 0 then restarts the group. A rank
 started by the worker also ends when the worker does (``HACRL_DIST_PARENT``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import threading
@@ -69,6 +71,7 @@ def serve(env=os.environ) -> None:
 
 
 def main() -> int:
+    faulthandler.enable()   # a native crash (signal) leaves this rank's Python stack in the site's log
     try:
         serve()
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ names it); a rank that hangs makes it fail after ``timeout_s``. Either way the c
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import time
 from typing import Any
@@ -77,6 +78,8 @@ class ShardedSite:
     # ---------------------------------------------------------------- the group
 
     def _start(self) -> None:
+        if not faulthandler.is_enabled():
+            faulthandler.enable()   # a native crash in a collective leaves rank 0's Python stack in the worker's log
         port = self.fixed_port or free_port(self.addr)
         self.procs = spawn_ranks(range(1, 1 + self.local_ranks), self.world_size, self.addr, port, self.timeout_s,
                                  self.device.type)

@@ -29,6 +29,7 @@ def run_ranks(script: str, args: list[str], world: int, *, timeout_s: float = 24
     procs = []
     for r in range(world):
         e = os.environ | (env or {}) | (rank_env(r, world, "127.0.0.1", port, collective_s, "cpu") if world > 1 else {})
+        e["PYTHONFAULTHANDLER"] = "1"   # a rank that crashes (signal) prints its Python stack into the failure
         e["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), e.get("PYTHONPATH", "")])
         procs.append(subprocess.Popen([sys.executable, str(HERE / script), *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -42,5 +43,5 @@ def run_ranks(script: str, args: list[str], world: int, *, timeout_s: float = 24
             raise
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out))
     bad = [(r, c) for r, c in enumerate(done) if c.returncode != 0]
-    assert not bad, "\n".join(f"rank {r} exited {c.returncode}:\n{c.stdout[-3000:]}" for r, c in bad)
+    assert not bad, "\n".join(f"rank {r} exited {c.returncode}:\n{c.stdout[-6000:]}" for r, c in bad)
     return done
