@@ -120,10 +120,24 @@ def run_cell(fed, recipe: str, seed: int, steps: int, eval_sets: dict, evaluate=
     return rec
 
 
+def _refresh_page(out: Path) -> None:
+    """docs/results.md's tables made from ``out``, rewritten from its cells (a failure is reported, the run goes on)."""
+    from collab.page import refresh_page
+
+    try:
+        names = refresh_page(out)
+    except (ValueError, OSError, KeyError) as err:
+        print(f"warning: docs/results.md not rewritten: {type(err).__name__}: {err}", flush=True)
+        return
+    if names:
+        print(f"docs/results.md: tables {', '.join(names)} rewritten from {out.name}'s cells", flush=True)
+
+
 def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, steps: int, suite: bool,
                   contributor: dict | None) -> None:
     """Load the federation once, write ``meta.json`` and (once) ``before.json``, then run every missing cell,
-    seed-major, each written to ``cells/`` and the summary rebuilt after it."""
+    seed-major, each written to ``cells/`` and the summary and docs/results.md's tables made from ``out`` rebuilt
+    after it."""
     from inproc import Federation
 
     fed = Federation(cfg)
@@ -148,5 +162,6 @@ def run_benchmark(cfg, out: Path, meta: dict, recipes: list[str], seeds: int, st
                 accs = ", ".join(f"{a} {100 * accuracy(rec['after'][a]['held_out']):.1f} %" for a in sorted(rec["after"]))
                 print(f"[{recipe}{suffix} s{seed}] {rec['train_s']:.0f} + {rec['eval_s']:.0f} s: {accs}", flush=True)
                 summarize(out)
+                _refresh_page(out)
     finally:
         fed.close()

@@ -301,3 +301,22 @@ def render_page(text: str, root: Path = ROOT) -> str:
             raise ValueError(f"docs/results.md names an unknown table {m['name']!r}")
         return m.group(1) + render_table(m["name"], root) + m.group(4)
     return BLOCK.sub(sub, text)
+
+
+def refresh_page(directory: Path, page: Path = PAGE, root: Path = ROOT) -> list[str]:
+    """Rewrite ``page``'s generated tables if any of them is made from results ``directory`` (called by the
+    benchmark after each cell it writes, so a committed cell and the page never disagree). Returns the names of the
+    tables made from ``directory`` ([] and nothing written when none is, or when the page is missing).
+
+    Raises what :func:`render_page` raises (``ValueError``, ``OSError``, ``KeyError``); the caller reports it."""
+    directory = Path(directory).resolve()
+    names = [n for n, spec in TABLES.items() if (root / spec["dir"]).resolve() == directory]
+    if not names or not page.is_file():
+        return []
+    from hacrl_fed.atomic import atomic_write_text
+
+    text = page.read_text(encoding="utf-8")
+    new = render_page(text, root)
+    if new != text:
+        atomic_write_text(page, new)
+    return names

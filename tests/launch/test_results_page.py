@@ -81,3 +81,29 @@ def test_before_task_is_the_accuracy_on_one_tasks_items():
                         "decimal_chain_sum-3": "decimal_chain_sum"}}
     assert page.cell(("before_task", "a", "held_out", "chain_sum"), before, {}) == "50.0"
     assert page.cell(("before_task", "a", "held_out", "decimal_chain_sum"), before, {}) == "75.0"
+
+
+def test_a_new_cell_rewrites_the_tables_made_from_its_directory_only(tmp_path):
+    import json
+    import shutil
+
+    dirs = sorted({spec["dir"] for spec in page.TABLES.values()})
+    for d in dirs:
+        shutil.copytree(ROOT / d, tmp_path / d)
+    doc = tmp_path / "docs" / "results.md"
+    doc.parent.mkdir()
+    doc.write_text(page.PAGE.read_text(encoding="utf-8"), encoding="utf-8")
+    unused = tmp_path / "benchmarks" / "results" / "not-on-the-page"
+    unused.mkdir()
+    assert page.refresh_page(unused, doc, tmp_path) == []
+    # a cell whose Gemma answers are all right lands in collab-tasks: its tables change, the others stay
+    cells = tmp_path / "benchmarks/results/collab-tasks/cells"
+    rec = json.loads((cells / "hacpo_cross_family-s0.json").read_text())
+    held_out = rec["after"]["gemma3"]["held_out"]   # problem id → outcome
+    rec["after"]["gemma3"]["held_out"] = dict.fromkeys(held_out, "correct")
+    (cells / "hacpo_cross_family-s0.json").write_text(json.dumps(rec))
+    old = {m["name"]: m["body"] for m in page.BLOCK.finditer(doc.read_text(encoding="utf-8"))}
+    names = page.refresh_page(tmp_path / "benchmarks/results/collab-tasks", doc, tmp_path)
+    assert set(names) == {n for n, s in page.TABLES.items() if s["dir"] == "benchmarks/results/collab-tasks"}
+    new = {m["name"]: m["body"] for m in page.BLOCK.finditer(doc.read_text(encoding="utf-8"))}
+    assert {n for n in new if new[n] != old[n]} and {n for n in new if new[n] != old[n]} <= set(names)
