@@ -122,6 +122,16 @@ TABLES: dict[str, dict] = {
                   ("contrib_grad", a) if e == "held_out" else ""]
                  for a, name in ((_G, "Gemma-3-270M"), (_S, "SmolLM2-135M"))
                  for e, title in (("held_out", "trained tasks, held-out items"), ("families", "held-out families"))]},
+    "collab-tasks-distillation": {
+        "dir": "benchmarks/results/collab-tasks",
+        "header": ["learner", "evaluation set", "HACPO cross-family", "+ peer distillation",
+                   "Δ (distillation − without)", "Δ vs GSPO×2"],
+        "rows": [[name, title, ("acc_seeds", "hacpo_cross_family", a, e),
+                  ("acc_seeds", "hacpo_cross_family_distill", a, e),
+                  ("diff", "hacpo_cross_family_distill", "hacpo_cross_family", a, e),
+                  ("diff", "hacpo_cross_family_distill", "gspo_x2", a, e)]
+                 for a, name in ((_G, "Gemma-3-270M"), (_S, "SmolLM2-135M"))
+                 for e, title in (("held_out", "trained tasks, held-out items"), ("families", "held-out families"))]},
     "families-strong-contributor": {
         "dir": "benchmarks/results/collab-tasks-families-trained",
         "header": ["recipe (64 held-out items of the two far families)", "Gemma-3-270M", "SmolLM2-135M"],
