@@ -342,6 +342,15 @@ def _iqm_markdown(summary: dict, agents: list[str]) -> list[str]:
     return lines + [""]
 
 
+def command_line(meta: dict) -> str:
+    """The summary's first line: the command of the directory's cells, or every command that added some (``meta``'s
+    ``commands``, :func:`collab.results.merge_meta`)."""
+    commands = meta.get("commands") or [meta["command"]]
+    if len(commands) == 1:
+        return f"Command: `{commands[0]}`"
+    return "Commands (each added cells): " + "; ".join(f"`{c}`" for c in commands)
+
+
 def _seeds_note(summary: dict) -> str:
     """" Seeds in the cells: 0 (the command asks for 2)." where the cells hold other seeds than the command's."""
     held = sorted({s for rec in summary["recipes"].values() for s in rec["seeds"]})
@@ -359,7 +368,7 @@ def render_markdown(summary: dict, agents: list[str]) -> str:
             f"held-out: {meta['eval_size']} instances of every environment, one episode each (won: reward 1)"
             if "before_reward" in summary else
             f"held-out: {meta['eval_size']} items of every trained task, and as many of every held-out task family")
-    lines = ["# Collaboration benchmark", "", f"Command: `{meta['command']}`", "",
+    lines = ["# Collaboration benchmark", "", command_line(meta), "",
              f"Pair: {meta['pair']} ({', '.join(f'{a} = {m}' for a, m in meta['models'].items())}); "
              f"{meta['steps']} steps of B = {meta['prompts_per_step']} prompts × G = {meta['samples_per_prompt']}; "
              f"{held}; greedy avg@1, %, mean ± std over seeds; Δ vs GSPO: mean [95 % interval], paired by seed and "

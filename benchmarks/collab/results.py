@@ -98,13 +98,22 @@ def choose_engines(path: Path, cfg, requested: str | None) -> dict[str, str]:
 def merge_meta(path: Path, meta: dict, contributor: dict | None) -> dict:
     """``meta.json`` of this run: ``meta``, with ``contributor`` (this run's record) under ``"contributor"``, or
     the one the existing file at ``path`` holds when this run has none (its ``+contrib`` cells stay described).
-    A run that adds contributor cells to a directory keeps the directory's ``"command"`` (the one its cells
-    without a contributor came from) and the ``"seeds"`` that command asked for; its own command is the contributor
-    record's."""
+
+    ``"commands"``: every distinct command that added cells without a contributor to the directory, in order (a run
+    with other recipes adds its command; the earlier ones stay, so every cell's command is on record);
+    ``"command"`` is the latest of them and ``"seeds"`` the most any of them asked for. A run that adds
+    contributor cells keeps the directory's ``"command"``, ``"commands"`` and ``"seeds"``; its own command is the
+    contributor record's."""
     old = json.loads(path.read_text()) if path.exists() else {}
     site = contributor or old.get("contributor")
-    command = {k: old[k] for k in ("command", "seeds") if k in old} if contributor and old.get("command") else {}
-    return meta | command | ({"contributor": site} if site else {})
+    extra = {"contributor": site} if site else {}
+    if contributor and old.get("command"):
+        return meta | {k: old[k] for k in ("command", "commands", "seeds") if k in old} | extra
+    commands = list(old.get("commands") or ([old["command"]] if old.get("command") else []))
+    if meta.get("command") and meta["command"] not in commands:
+        commands.append(meta["command"])
+    seeds = max(int(old.get("seeds") or 0), int(meta.get("seeds") or 0))
+    return meta | {"commands": commands, "seeds": seeds} | extra
 
 
 def summarize(out: Path) -> dict:

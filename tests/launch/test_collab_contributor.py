@@ -153,3 +153,22 @@ def test_a_contributor_run_keeps_the_directory_command_and_its_seeds(tmp_path):
     path.write_text(json.dumps(got))
     plain = merge_meta(path, {"command": "run_collab.py --seeds 3", "seeds": 3, "steps": 20}, None)
     assert plain["command"] == "run_collab.py --seeds 3" and plain["seeds"] == 3 and plain["contributor"] == site
+    assert plain["commands"] == ["run_collab.py --seeds 2", "run_collab.py --seeds 3"]
+
+
+def test_a_run_with_other_recipes_keeps_the_earlier_commands_on_record(tmp_path):
+    """Cells added to a directory by a second command (other recipes, fewer seeds) leave the first command and its
+    seed count on record; the summary names both commands."""
+    from collab.render import command_line
+    from collab.results import merge_meta
+
+    path = tmp_path / "meta.json"
+    first = {"command": "run_collab.py --recipes gspo,hacpo_cross_family --seeds 2", "seeds": 2, "steps": 20}
+    path.write_text(json.dumps(merge_meta(path, first, None)))
+    second = {"command": "run_collab.py --recipes hacpo_cross_family_distill --seeds 1", "seeds": 1, "steps": 20}
+    got = merge_meta(path, second, None)
+    assert got["commands"] == [first["command"], second["command"]] and got["seeds"] == 2
+    path.write_text(json.dumps(got))
+    assert merge_meta(path, second, None)["commands"] == got["commands"]     # the same command again: once
+    assert command_line(got) == f"Commands (each added cells): `{first['command']}`; `{second['command']}`"
+    assert command_line(first) == f"Command: `{first['command']}`"     # a directory of one command, as before
