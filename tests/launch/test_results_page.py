@@ -106,4 +106,5 @@ def test_a_new_cell_rewrites_the_tables_made_from_its_directory_only(tmp_path):
     names = page.refresh_page(tmp_path / "benchmarks/results/collab-tasks", doc, tmp_path)
     assert set(names) == {n for n, s in page.TABLES.items() if s["dir"] == "benchmarks/results/collab-tasks"}
     new = {m["name"]: m["body"] for m in page.BLOCK.finditer(doc.read_text(encoding="utf-8"))}
-    assert {n for n in new if new[n] != old[n]} and {n for n in new if new[n] != old[n]} <= set(names)
+    changed = {n for n in new if new[n] != old[n]}
+    assert changed and changed <= set(names)
